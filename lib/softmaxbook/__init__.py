@@ -1,0 +1,60 @@
+"""softmaxbook: the library of the executable textbook *Softmax in Attention*.
+
+Softmax and its relatives for transformer attention, written to be read:
+NumPy references that read like the math (:mod:`softmaxbook.reference`), torch
+functions that run on CPU, CUDA and Apple MPS, and figure helpers for the book.
+
+>>> import torch, softmaxbook as sb
+>>> sb.softmax(torch.tensor([1.0, 0.5, 2.5, -0.1]))
+tensor([0.1557, 0.0945, 0.6980, 0.0518])
+
+Every public name below is listed in the ``__all__`` of its module; this
+package re-exports them all, so ``sb.<name>`` works for each.
+"""
+from . import (
+    alternatives,
+    analysis,
+    attention,
+    device,
+    gradients,
+    masking,
+    models,
+    notebook,
+    online,
+    plotting,
+    reference,
+    sampling,
+    softmax as _softmax_module,
+)
+from .alternatives import *  # noqa: F401,F403
+from .analysis import *  # noqa: F401,F403
+from .attention import *  # noqa: F401,F403
+from .device import *  # noqa: F401,F403
+from .gradients import *  # noqa: F401,F403
+from .masking import *  # noqa: F401,F403
+from .models import *  # noqa: F401,F403
+from .notebook import *  # noqa: F401,F403
+from .online import *  # noqa: F401,F403
+from .plotting import *  # noqa: F401,F403
+from .sampling import *  # noqa: F401,F403
+from .softmax import *  # noqa: F401,F403
+
+__version__ = "0.1.0"
+
+#: The public API, by module (``reference`` stays a module: ``sb.reference.softmax``).
+__all__ = [
+    *_softmax_module.__all__,
+    *masking.__all__,
+    *attention.__all__,
+    *online.__all__,
+    *gradients.__all__,
+    *alternatives.__all__,
+    *sampling.__all__,
+    *analysis.__all__,
+    *models.__all__,
+    *device.__all__,
+    *notebook.__all__,
+    *plotting.__all__,
+    "reference",
+    "__version__",
+]

@@ -1,0 +1,4 @@
+"""The softmax Jacobian and its vector-Jacobian product."""
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,41 @@
+"""The website builds with warnings as errors, and every chapter in the table of contents exists."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_book_builds_without_warnings(book_build):
+    output = book_build.stdout + book_build.stderr
+    warnings = [line for line in output.splitlines() if re.search(r"WARNING|ERROR", line)]
+    assert book_build.returncode == 0, output[-5000:]
+    assert not warnings, "\n".join(warnings)
+    assert (ROOT / "_build" / "html" / "index.html").exists()
+
+
+def _toc_files():
+    return re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text())
+
+
+def test_every_toc_entry_exists():
+    for entry in _toc_files():
+        assert list(ROOT.glob(entry + ".*")), f"_toc.yml lists {entry}, which does not exist"
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_is_stored_executed(notebook):
+    """The website shows stored outputs: every code cell must have been run."""
+    nb = json.loads(notebook.read_text())
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    unexecuted = [i for i, c in enumerate(code) if c.get("execution_count") is None]
+    assert not unexecuted, f"{notebook.name}: code cells {unexecuted} have no stored output"
+    for cell in code:
+        for out in cell.get("outputs", []):
+            assert out.get("name") != "stderr", f"{notebook.name} writes to stderr: {out.get('text')}"
+            assert out.get("output_type") != "error", f"{notebook.name} stores an error"
