@@ -7,8 +7,6 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CHAPTERS := $(wildcard chapters/*.ipynb)
 JB_FLAGS := -W -n --keep-going
-# No GPU here: Triton kernels run in its interpreter (must be set before `import triton`).
-export TRITON_INTERPRET ?= 1
 export PYTHONHASHSEED := 0
 
 .PHONY: all setup book test test-fast execute lab bench clean

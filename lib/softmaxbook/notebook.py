@@ -36,15 +36,16 @@ def setup_notebook(seed: int = 0, *, precision: int = 4) -> torch.device:
     return get_device()
 
 
-def glue(name: str, value, *, display: bool = False):
+def glue(name: str, value, *, display: bool = False) -> None:
     """Record ``value`` under ``name`` for the book's prose (myst-nb's ``glue``).
 
-    Outside the book build (no ``myst_nb`` installed, e.g. in Colab) this does
-    nothing but return ``value``, so chapters run anywhere.
+    In Markdown, ``{glue:text}`name:.3f``` then prints the value. Outside the
+    book build (no ``myst_nb`` installed, e.g. in Colab) this does nothing, so
+    chapters run anywhere. Returns None, so a glue call that ends a cell adds
+    no output.
     """
     try:
         from myst_nb import glue as _glue
     except ImportError:  # reading the notebook outside the book
-        return value
+        return
     _glue(name, value, display=display)
-    return value

@@ -56,8 +56,9 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     m = np.where(np.isneginf(m), 0.0, m)  # an all -inf row: keep exp(-inf) = 0
     e = np.exp(x - m)
     total = e.sum(axis=axis, keepdims=True)
+    # Only an empty row (total == 0) is special; a nan row must stay nan.
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+        return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
@@ -111,7 +112,7 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
         m = m_new
     m_safe = np.where(np.isneginf(m), 0.0, m)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(d > 0, np.exp(x - m_safe) / np.where(d > 0, d, 1.0), 0.0)
+        out = np.where(d == 0, 0.0, np.exp(x - m_safe) / np.where(d == 0, 1.0, d))
     return np.moveaxis(out, -1, axis)
 
 
