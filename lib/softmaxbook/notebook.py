@@ -41,11 +41,15 @@ def glue(name: str, value, *, display: bool = False) -> None:
 
     In Markdown, ``{glue:text}`name:.3f``` then prints the value. Outside the
     book build (no ``myst_nb`` installed, e.g. in Colab) this does nothing, so
-    chapters run anywhere. Returns None, so a glue call that ends a cell adds
-    no output.
+    chapters run anywhere. NumPy scalars and 0-d tensors are stored as Python
+    numbers. Returns None, so a glue call that ends a cell adds no output.
     """
     try:
         from myst_nb import glue as _glue
     except ImportError:  # reading the notebook outside the book
         return
+    # NumPy scalars and 0-d tensors become Python numbers, which myst-nb can
+    # format with a spec such as ``:.3f`` (it cannot format ``np.float64(...)``).
+    if isinstance(value, (np.generic, torch.Tensor)) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
     _glue(name, value, display=display)
