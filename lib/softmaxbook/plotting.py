@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["PALETTE", "use_style", "plot_distribution", "plot_curves", "plot_heatmap"]
 
-#: Okabe & Ito's colour-blind-safe palette (black dropped: it vanishes in dark mode).
+#: Okabe and Ito's colour-blind-safe palette, without black (it vanishes in dark mode).
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#666666"]
 
 _STYLE = {

@@ -1,0 +1,268 @@
+"""The website as readers see it: every page opened in headless Chromium.
+
+The book is built once per session (``book_build``), ``_build/html`` is served
+on 127.0.0.1, and each page is opened at 1280 px. On every page: no JavaScript
+error, no failed request to the local server (a broken link, image, stylesheet
+or script), every image loaded, every formula typeset by MathJax (the site
+carries its own MathJax; nothing comes from the internet) with no raw TeX left
+in the text, and nothing wider than the page. A full-page screenshot of each
+page goes to ``_build/screenshots/<page>.png`` for review.
+
+Nothing may scroll sideways: at 1280 px a code cell holds 77 characters a line
+(74 inside an exercise or solution); a failure names the longest line.
+
+Needs Debian's Chromium (``apt-get install chromium``); Playwright drives it
+through ``executable_path``, so ``playwright install`` is never needed
+(``CHROMIUM=/path/to/chrome`` picks another build). Outside CI the tests skip
+when it is missing; under CI (``CI=true``) they fail.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+WIDTH, HEIGHT = 1280, 900
+# Sphinx's own pages, next to the ones listed in _toc.yml.
+EXTRA_PAGES = ["genindex", "search", "py-modindex"]
+# Raw TeX that MathJax would have replaced: display and inline delimiters, environments,
+# and $...$ holding TeX syntax (a formula that MyST did not recognize as math).
+RAW_TEX = re.compile(r"\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|\$[^$\n]*[\\^_{}][^$\n]*\$")
+
+# The buttons on every chapter, from launch_buttons, repository and html in _config.yml.
+LAUNCH_LINKS = {
+    "Colab": r"^https://colab\.research\.google\.com/github/.+\.ipynb$",
+    "Binder": r"^https://mybinder\.org/v2/gh/.+\.ipynb$",
+    ".ipynb download": r"^(\.\./)*_sources/.+\.ipynb$",
+    "edit on GitHub": r"^https://github\.com/.+/edit/.+\.ipynb$",
+    "repository": r"^https://github\.com/[^/]+/[^/]+/?$",
+}
+
+pytestmark = pytest.mark.slow
+
+
+def _pages() -> list[str]:
+    """Every page of the book: _toc.yml's entries, then Sphinx's index and search pages."""
+    toc = (ROOT / "_toc.yml").read_text()
+    entries = re.findall(r"^\s*(?:root|-?\s*file):\s*(\S+?)(?:\.md|\.ipynb)?\s*$", toc, re.MULTILINE)
+    return ["index", *entries, *EXTRA_PAGES]
+
+
+PAGES = _pages()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the signature of the base class)
+        pass
+
+
+@pytest.fixture(scope="session")
+def site(book_build):
+    """The built site served on a free port of 127.0.0.1; yields its base URL."""
+    if not (HTML / "index.html").exists():
+        pytest.fail("the book did not build (see test_book.py):\n"
+                    + (book_build.stdout + book_build.stderr)[-3000:])
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} not found: install Debian's Chromium with `apt-get install chromium`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+class _Visit:
+    """One page opened in a fresh browser context, with everything that went wrong."""
+
+    def __init__(self, browser, base: str, page: str):
+        self.base = base
+        self.problems: list[str] = []
+        self.context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+        # No internet here or in CI: requests to other hosts are aborted, and not failures.
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(30_000)
+        self.page.on("pageerror", lambda error: self.problems.append(f"JavaScript error: {error}"))
+        self.page.on("console", self._console)
+        self.page.on("requestfailed", self._request_failed)
+        self.page.on("response", self._response)
+        self.url = f"{base}/{page}.html"
+
+    def _local(self, url: str) -> bool:
+        return url.startswith(self.base + "/") or url == self.base
+
+    def _route(self, route):
+        if self._local(route.request.url) or urlsplit(route.request.url).scheme in ("data", "blob"):
+            route.continue_()
+        else:
+            route.abort()
+
+    def _console(self, message):
+        url = (message.location or {}).get("url", "")
+        # Aborted requests to other hosts log "Failed to load resource" with that host's URL.
+        if message.type == "error" and (not url or self._local(url)):
+            self.problems.append(f"console error: {message.text} ({url})")
+
+    def _request_failed(self, request):
+        if self._local(request.url):
+            self.problems.append(f"request failed: {request.url} ({request.failure})")
+
+    def _response(self, response):
+        if self._local(response.url) and response.status >= 400:
+            self.problems.append(f"HTTP {response.status}: {response.url}")
+
+    def close(self):
+        self.context.close()
+
+
+# Everything checked inside the page, in one round trip: MathJax, images, raw TeX, widths.
+_INSPECT = r"""
+async () => {
+  const article = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
+  const mathjax = window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null;
+  const hasMath = document.querySelector(".math") !== null;
+  let mathjaxLoaded = false;
+  if (mathjax) { await mathjax; mathjaxLoaded = true; }
+  // Images below the fold may be lazy: load them all, then wait for each.
+  const images = [...document.images];
+  images.forEach(img => { img.loading = "eager"; });
+  await Promise.all(images.map(img => img.complete ? null :
+      new Promise(done => { img.addEventListener("load", done); img.addEventListener("error", done);
+                            setTimeout(done, 10000); })));
+  const brokenImages = images.filter(img => !(img.complete && img.naturalWidth > 0))
+                             .map(img => img.getAttribute("src"));
+  // Formulas MathJax left untypeset, or typeset as an error (bad TeX).
+  const untypeset = [...document.querySelectorAll(".math")]
+      .filter(el => !el.closest("pre, code") && !el.querySelector("mjx-container"))
+      .map(el => el.textContent.trim().slice(0, 80));
+  const mathErrors = [...document.querySelectorAll("mjx-merror")]
+      .map(el => (el.getAttribute("data-mjx-error") || el.textContent).slice(0, 80));
+  // Text a reader sees, less code and typeset math.
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT, {acceptNode: node =>
+      node.parentElement.closest("pre, code, script, style, textarea, mjx-container, .highlight")
+        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+  const texts = [];
+  while (walker.nextNode()) texts.push(walker.currentNode.textContent);
+  // Nothing wider than the page: the page does not scroll sideways, and no code cell,
+  // output, table, figure or formula is cut off or needs its own horizontal scrollbar.
+  const right = article.getBoundingClientRect().right;
+  const canvas = document.createElement("canvas").getContext("2d");
+  const describe = el => {
+    if (el.tagName === "PRE") {  // name the longest line, and how many characters fit
+      const style = getComputedStyle(el);
+      canvas.font = `${style.fontSize} ${style.fontFamily}`;
+      const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+      const fit = Math.floor(room / canvas.measureText("m").width);
+      const longest = el.textContent.split("\n").reduce((a, b) => b.length > a.length ? b : a, "");
+      return `a line of ${longest.length} characters where ${fit} fit: ${JSON.stringify(longest.trim().slice(0, 70))}`;
+    }
+    let text = el.textContent;
+    try {  // a formula: its TeX source
+      text = window.MathJax.startup.document.getMathItemsWithin(el)[0].math;
+    } catch (error) {}
+    return JSON.stringify(text.trim().split("\n")[0].slice(0, 70));
+  };
+  const wide = [];
+  const selector = "pre, div.cell_input, div.cell_output, div.output, table, img, figure, div.math, mjx-container";
+  for (const el of article.querySelectorAll(selector)) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0) continue;  // not rendered (a closed dropdown)
+    const overflow = el.scrollWidth - el.clientWidth;
+    const scrolls = overflow > 1 && getComputedStyle(el).overflowX !== "visible";
+    if (scrolls || box.right > right + 1 || (overflow > 1 && el.tagName === "PRE")) {
+      wide.push(`${el.tagName.toLowerCase()} ${Math.round(Math.max(el.scrollWidth, box.width))} px ` +
+                `wide in ${Math.round(el.clientWidth)} px, ${describe(el)}`);
+    }
+  }
+  const links = [...document.querySelectorAll("a[href]")].map(a => a.getAttribute("href"));
+  return {
+    links,
+    title: document.title, hasMath, mathjaxLoaded, brokenImages, untypeset, mathErrors,
+    text: texts.join(" "), wide,
+    containers: document.querySelectorAll("mjx-container").length,
+    pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
+  };
+}
+"""
+
+
+def _capped(problems: list[str], limit: int = 10) -> list[str]:
+    """The first ``limit`` problems of one kind, and how many more there are."""
+    return problems[:limit] + ([f"... and {len(problems) - limit} more like these"] if len(problems) > limit else [])
+
+
+def _check_page(browser, site, page):
+    visit = _Visit(browser, site, page)
+    try:
+        response = visit.page.goto(visit.url, wait_until="load")
+        assert response is not None and response.ok, f"{visit.url}: {response and response.status}"
+        if page == "index":  # the site's root only redirects to the preface, checked on its own
+            visit.page.wait_for_url(f"{site}/{PAGES[1]}.html")
+            visit.page.wait_for_load_state("load")
+            return {"title": visit.page.title()}, _capped(visit.problems)
+        result = visit.page.evaluate(_INSPECT)
+        shot = SCREENSHOTS / f"{page}.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        visit.page.screenshot(path=str(shot), full_page=True)
+    finally:
+        visit.close()
+    problems = _capped(visit.problems)
+    if result["hasMath"] and not (result["mathjaxLoaded"] and result["containers"]):
+        problems.append("the page has math but MathJax did not load or typeset none of it")
+    else:  # MathJax ran: then each formula, and the text, must show no TeX
+        problems += _capped([f"math not typeset: {tex!r}" for tex in result["untypeset"]])
+        problems += _capped([f"MathJax error: {error!r}" for error in result["mathErrors"]])
+        problems += _capped([f"raw TeX in the text: ...{result['text'][max(m.start() - 40, 0):m.end() + 40]!r}..."
+                             for m in RAW_TEX.finditer(result["text"])])
+    problems += _capped([f"image not loaded: {src}" for src in result["brokenImages"]])
+    if result["pageWidth"] > result["viewport"]:
+        problems.append(f"the page scrolls sideways: {result['pageWidth']} px in a {result['viewport']} px window")
+    problems += _capped([f"too wide: {item}" for item in result["wide"]], limit=30)
+    if (ROOT / f"{page}.ipynb").exists():  # a chapter: launch it, download it, edit it
+        for what, pattern in LAUNCH_LINKS.items():
+            if not any(re.search(pattern, link) for link in result["links"]):
+                problems.append(f"no {what} link (launch_buttons / repository in _config.yml)")
+    return result, problems
+
+
+def test_every_built_page_is_checked(site):
+    """No page escapes the browser test: each HTML file of the site is in PAGES."""
+    built = {str(path.relative_to(HTML).with_suffix("")) for path in HTML.rglob("*.html")
+             if not path.relative_to(HTML).parts[0].startswith("_")}
+    assert built - set(PAGES) == set(), "pages built but not checked (add them to _toc.yml or EXTRA_PAGES)"
+    assert set(PAGES) - built == set(), "pages checked but not built"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_reads_well(browser, site, page):
+    result, problems = _check_page(browser, site, page)
+    assert not problems, f"{page}.html ({result['title']}):\n  " + "\n  ".join(problems)
