@@ -1,0 +1,389 @@
+"""softmaxbook.alternatives: sparsemax, entmax, softmax_one, ReLU and sigmoid normalizers.
+
+Agreement with the entmax package (deep-spin/entmax) and with the NumPy reference,
+float64 gradcheck of the hand-written backward passes, properties, extremes, errors.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import softmaxbook as sb
+from softmaxbook import alternatives as alt
+from softmaxbook import reference as ref
+
+entmax = pytest.importorskip("entmax")
+
+SIMPLEX_MAPS = {
+    "sparsemax": sb.sparsemax,
+    "entmax15": sb.entmax15,
+    "entmax_bisect": lambda x, dim=-1: sb.entmax_bisect(x, alpha=1.3, dim=dim),
+}
+ALL_MAPS = {
+    **SIMPLEX_MAPS,
+    "softmax_one": sb.softmax_one,
+    "relu": sb.relu_normalize,
+    "sigmoid": sb.sigmoid_normalize,
+}
+ATOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def scores(shape=(6, 9), scale=2.0, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def vjp(f, x, seed=1):
+    """Gradient of a random linear function of f(x) with respect to x."""
+    x = x.detach().clone().requires_grad_(True)
+    out = f(x)
+    w = scores(out.shape, scale=1.0, seed=seed)
+    (grad,) = torch.autograd.grad((out * w).sum(), x)
+    return out.detach(), grad
+
+
+# ---------------------------------------------------------------------- agreement
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 30.0])
+@pytest.mark.parametrize("shape,dim", [((5, 40), -1), ((3, 300), 1), ((7, 4, 6), 0),
+                                       ((2, 64, 3), -2)])
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_agrees_with_entmax_package_forward_and_gradient(name, shape, dim, scale):
+    x = scores(shape, scale=scale)
+    ours, theirs = getattr(sb, name), getattr(entmax, name)
+    p, g = vjp(lambda t: ours(t, dim=dim), x)
+    q, h = vjp(lambda t: theirs(t, dim=dim), x)
+    torch.testing.assert_close(p, q, atol=1e-12, rtol=0)
+    torch.testing.assert_close(g, h, atol=1e-10, rtol=0)
+    # The same exact zeros, not just small numbers.
+    assert torch.equal(p == 0, q == 0)
+
+
+@pytest.mark.parametrize("alpha", [1.1, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_entmax_bisect_agrees_with_entmax_package(alpha, dim):
+    x = scores((6, 30), scale=3.0)
+    p, g = vjp(lambda t: sb.entmax_bisect(t, alpha=alpha, dim=dim), x)
+    q, h = vjp(lambda t: entmax.entmax_bisect(t, alpha=alpha, dim=dim), x)
+    torch.testing.assert_close(p, q, atol=1e-10, rtol=0)
+    torch.testing.assert_close(g, h, atol=1e-8, rtol=0)
+
+
+def test_bisection_matches_the_exact_maps():
+    x = scores((8, 50), scale=3.0)
+    torch.testing.assert_close(sb.entmax_bisect(x, alpha=1.5), sb.entmax15(x), atol=1e-10, rtol=0)
+    torch.testing.assert_close(sb.entmax_bisect(x, alpha=2.0), sb.sparsemax(x), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_sparsemax_agrees_with_reference(dim):
+    x = scores((10, 12), scale=3.0)
+    exact = torch.from_numpy(ref.sparsemax(x.numpy(), axis=dim))
+    torch.testing.assert_close(sb.sparsemax(x, dim=dim), exact, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_partial_sort_fallback_is_exact(name, monkeypatch):
+    # A margin far above the threshold leaves too few candidates: every row must be
+    # detected as unresolved and redone with the full sort, still giving the exact result.
+    x = scores((16, 200), scale=0.3)
+    expected = getattr(entmax, name)(x, dim=-1)
+    monkeypatch.setattr(alt, "_MARGIN", -0.2)
+    monkeypatch.setattr(alt, "_NEWTON_STEPS", {"sparsemax": 3, "entmax15": 3})
+    torch.testing.assert_close(getattr(sb, name)(x), expected, atol=1e-12, rtol=0)
+
+
+def test_partial_sort_path_on_a_long_row():
+    # Peaked rows of length 4096: the support is tiny, so only a few keys are sorted.
+    x = scores((4, 4096), scale=4.0, dtype=torch.float32)
+    torch.testing.assert_close(sb.sparsemax(x), entmax.sparsemax(x, -1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(sb.entmax15(x), entmax.entmax15(x, -1), atol=1e-6, rtol=0)
+
+
+def test_softmax_one_is_softmax_with_an_extra_zero_logit():
+    x = scores((5, 7), scale=4.0)
+    padded = torch.cat([x, torch.zeros(5, 1, dtype=x.dtype)], dim=-1)
+    torch.testing.assert_close(sb.softmax_one(x), torch.softmax(padded, -1)[:, :-1])
+    p, g = vjp(sb.softmax_one, x)
+    q, h = vjp(lambda t: torch.softmax(torch.cat([t, torch.zeros(5, 1, dtype=t.dtype)], -1),
+                                       -1)[:, :-1], x)
+    torch.testing.assert_close(g, h)
+
+
+def test_relu_and_sigmoid_match_their_formulas():
+    x = scores((5, 8), scale=2.0)
+    r = torch.relu(x)
+    torch.testing.assert_close(sb.relu_normalize(x), r / r.sum(-1, keepdim=True))
+    torch.testing.assert_close(sb.sigmoid_normalize(x), torch.sigmoid(x - math.log(8)))
+    torch.testing.assert_close(sb.sigmoid_normalize(x, dim=0), torch.sigmoid(x - math.log(5)))
+    torch.testing.assert_close(sb.sigmoid_normalize(x, bias=0.5), torch.sigmoid(x + 0.5))
+    for f, torch_f in ((sb.relu_normalize, lambda t: torch.relu(t) / torch.relu(t).sum(-1, True)),
+                       (sb.sigmoid_normalize, lambda t: torch.sigmoid(t - math.log(8)))):
+        torch.testing.assert_close(vjp(f, x)[1], vjp(torch_f, x)[1])
+
+
+# ---------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_gradcheck(name, dim):
+    x = scores((4, 6), scale=1.5, seed=3).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: ALL_MAPS[name](t, dim=dim), (x,))
+
+
+@pytest.mark.parametrize("alpha", [1.25, 2.5])
+def test_gradcheck_entmax_bisect_other_alphas(alpha):
+    x = scores((3, 7), scale=1.5, seed=4).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: sb.entmax_bisect(t, alpha=alpha, n_iter=60), (x,))
+
+
+def test_sparsemax_jacobian_is_the_support_projection():
+    x = torch.tensor([1.2, 0.9, 0.1, -1.0, 0.7], dtype=torch.float64)
+    p = sb.sparsemax(x)
+    s = (p > 0).double()
+    expected = torch.diag(s) - torch.outer(s, s) / s.sum()
+    torch.testing.assert_close(torch.autograd.functional.jacobian(sb.sparsemax, x), expected)
+
+
+# ---------------------------------------------------------------------- properties
+
+vectors = st.lists(st.floats(-50, 50, allow_nan=False), min_size=1, max_size=24)
+
+
+@settings(max_examples=50, deadline=None)
+@given(vectors, st.sampled_from(list(SIMPLEX_MAPS)))
+def test_simplex_maps_land_on_the_simplex_and_keep_the_order(values, name):
+    x = torch.tensor(values, dtype=torch.float64)
+    p = SIMPLEX_MAPS[name](x)
+    assert (p >= 0).all()
+    assert abs(float(p.sum()) - 1) < 1e-9
+    order = torch.argsort(x)
+    assert (p[order].diff() >= -1e-12).all()  # larger score, no smaller weight
+    assert float(p[torch.argmax(x)]) > 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(vectors)
+def test_sparsemax_is_the_reference_projection_with_exact_zeros(values):
+    x = torch.tensor(values, dtype=torch.float64)
+    p = sb.sparsemax(x)
+    torch.testing.assert_close(p, torch.from_numpy(ref.sparsemax(x.numpy())), atol=1e-12, rtol=0)
+    # Everything below the threshold is exactly zero, and the support is {x > tau}.
+    tau = float((x[p > 0] - p[p > 0]).mean())
+    assert torch.equal(p > 0, x > tau + 1e-9) or torch.equal(p > 0, x > tau - 1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=12), st.integers(2, 4))
+def test_ties_get_equal_weight(values, copies):
+    x = torch.tensor(values + [values[0]] * (copies - 1), dtype=torch.float64)
+    for name, f in ALL_MAPS.items():
+        p = f(x)
+        tied = p[x == values[0]]
+        # Equal up to the last bits: torch's vectorized and scalar exp/pow may differ there.
+        torch.testing.assert_close(tied, tied[:1].expand_as(tied), atol=1e-15, rtol=1e-12,
+                                   msg=name)
+
+
+def test_sparsemax_one_hot_when_the_gap_exceeds_one():
+    x = torch.tensor([[3.0, 1.9, 0.0, -5.0]], dtype=torch.float64)
+    assert torch.equal(sb.sparsemax(x), torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64))
+    one_hot = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert torch.equal(sb.entmax15(x * 2), one_hot)
+    assert (sb.softmax(x) > 0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-3, 3), min_size=2, max_size=10))
+def test_alpha_to_one_approaches_softmax(values):
+    x = torch.tensor(values, dtype=torch.float64)
+    p = sb.entmax_bisect(x, alpha=1.0001, n_iter=80)
+    torch.testing.assert_close(p, torch.softmax(x, -1), atol=2e-3, rtol=0)
+
+
+def test_sparsity_grows_with_alpha():
+    x = scores((20, 50), scale=1.0)
+    zeros = [float((sb.entmax_bisect(x, alpha=a) == 0).double().mean()) for a in (1.25, 1.5, 2, 3)]
+    assert zeros == sorted(zeros) and zeros[0] < zeros[-1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-30, 30), min_size=1, max_size=16))
+def test_softmax_one_sums_below_one_and_orders_like_softmax(values):
+    x = torch.tensor(values, dtype=torch.float64)
+    p = sb.softmax_one(x)
+    total = float(p.sum())
+    assert 0 < total < 1
+    assert abs(total - (1 - 1 / (1 + float(torch.exp(x).sum())))) < 1e-12
+    torch.testing.assert_close(p / total, torch.softmax(x, -1))
+
+
+def test_softmax_one_can_attend_to_nothing_softmax_cannot():
+    x = torch.full((8,), -20.0, dtype=torch.float64)
+    assert abs(float(sb.softmax(x).sum()) - 1) < 1e-12
+    assert float(sb.softmax_one(x).sum()) < 1e-7
+
+
+# ---------------------------------------------------------------------- extremes
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_minus_inf_entries_are_removed_keys(name):
+    f = ALL_MAPS[name]
+    x = scores((4, 7), scale=2.0)
+    x[:, 0] = 5.0  # every row keeps a positive score (for ReLU)
+    removed = torch.zeros_like(x, dtype=torch.bool)
+    removed[:, [2, 5]] = True
+    masked = x.masked_fill(removed, float("-inf"))
+    p, g = vjp(f, masked)
+    assert (p[removed] == 0).all() and (g[removed] == 0).all() and torch.isfinite(g).all()
+    if name != "sigmoid":  # sigmoid's default bias counts every key, removed or not
+        q = f(x[:, ~removed[0]])
+        torch.testing.assert_close(p[:, ~removed[0]], q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16],
+                         ids=str)
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_fully_minus_inf_rows_give_zeros_forward_and_backward(name, dtype):
+    x = scores((3, 5), dtype=dtype)
+    x[1] = float("-inf")
+    p, g = vjp(ALL_MAPS[name], x)
+    assert (p[1] == 0).all() and (g[1] == 0).all()
+    assert torch.isfinite(p).all() and torch.isfinite(g).all()
+    assert p.dtype == dtype and g.dtype == dtype
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_no_positive_score_row(name):
+    x = -torch.rand(2, 6, dtype=torch.float64) - 0.1
+    p, g = vjp(ALL_MAPS[name], x)
+    assert torch.isfinite(p).all() and torch.isfinite(g).all()
+    if name == "relu":  # the documented failure mode: nothing to normalize
+        assert (p == 0).all() and (g == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_low_precision_close_to_float64(name, dtype):
+    x = scores((4, 33), scale=3.0, dtype=dtype)
+    f = ALL_MAPS[name]
+    p = f(x)
+    assert p.dtype == dtype
+    torch.testing.assert_close(p.double(), f(x.double()), atol=ATOL[dtype] * 4, rtol=0)
+    x = x.requires_grad_(True)
+    f(x).pow(2).sum().backward()
+    assert x.grad.dtype == dtype and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_large_scores_do_not_overflow(name):
+    x = torch.tensor([[1e4, 1e4 - 0.5, 0.0, -1e4]], dtype=torch.float32)
+    p = ALL_MAPS[name](x)
+    assert torch.isfinite(p).all()
+    assert torch.equal(ALL_MAPS[name](x), ALL_MAPS[name](x))
+    # Shift invariance of the simplex maps (and of softmax_one for large shifts).
+    if name in SIMPLEX_MAPS:
+        torch.testing.assert_close(p, ALL_MAPS[name](x - 1e4), atol=1e-6, rtol=0)
+    p16 = ALL_MAPS[name](torch.tensor([[6e4, 5.99e4, 0.0]], dtype=torch.float16))
+    assert torch.isfinite(p16).all()
+
+
+def test_softmax_one_large_logits_match_softmax():
+    x = torch.tensor([800.0, 799.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(sb.softmax_one(x), torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_nan_propagates(name):
+    x = scores((2, 5))
+    x[0, 3] = float("nan")
+    p = ALL_MAPS[name](x)
+    assert torch.isnan(p[0, 3]) and (name == "sigmoid" or torch.isnan(p[0]).all())
+    assert torch.isfinite(p[1]).all()
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_empty_size_one_and_scalar(name):
+    f = ALL_MAPS[name]
+    assert f(torch.empty(3, 0)).shape == (3, 0)
+    assert f(torch.empty(0, 4)).shape == (0, 4)
+    one = f(torch.tensor([[0.7], [-2.0]], dtype=torch.float64))
+    scalar = f(torch.tensor(0.7, dtype=torch.float64))
+    assert scalar.shape == () and float(scalar) == float(one[0, 0])
+    if name in SIMPLEX_MAPS:
+        assert torch.equal(one, torch.ones(2, 1, dtype=torch.float64))
+
+
+def test_non_contiguous_and_batched_inputs():
+    x = scores((4, 5, 6)).transpose(0, 2)  # (6, 5, 4), non-contiguous
+    for name, f in ALL_MAPS.items():
+        torch.testing.assert_close(f(x, dim=1), f(x.contiguous(), dim=1), msg=name)
+        torch.testing.assert_close(f(x, dim=1), f(x.movedim(1, -1)).movedim(-1, 1), msg=name)
+
+
+# ---------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "softmax_one", "relu", "sigmoid"])
+def test_usable_by_name_in_attention_with_fully_masked_rows(name):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    q.requires_grad_(True)
+    mask = torch.ones(2, 4, 4, dtype=torch.bool)
+    mask[:, 1] = False  # query 1 attends to nothing
+    mask[:, :, 3] = False  # key 3 is padding
+    out, w = sb.scaled_dot_product_attention(q, k, v, mask=mask, normalizer=name,
+                                             return_weights=True)
+    assert (w[:, 1] == 0).all() and (out[:, 1] == 0).all() and (w[:, :, 3] == 0).all()
+    expected = sb.attention.NORMALIZERS[name]((q @ k.transpose(-2, -1) / math.sqrt(8))[:, 0, :3])
+    if name != "sigmoid":  # sigmoid's default bias depends on the number of keys
+        torch.testing.assert_close(w[:, 0, :3], expected)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and (q.grad[:, 1] == 0).all()
+
+
+# ---------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name", list(ALL_MAPS))
+def test_bad_input(name):
+    f = ALL_MAPS[name]
+    with pytest.raises(TypeError, match="floating-point"):
+        f(torch.arange(4))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        f(np.zeros(4))
+    with pytest.raises(IndexError, match="out of range"):
+        f(torch.zeros(2, 3), dim=2)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        f(torch.zeros(2, 3), dim=1.0)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5, -2.0, float("nan"), float("inf")])
+def test_entmax_bisect_rejects_alpha_not_above_one(alpha):
+    with pytest.raises(ValueError, match="alpha must be a finite number > 1"):
+        sb.entmax_bisect(torch.zeros(3), alpha=alpha)
+
+
+def test_entmax_bisect_and_sigmoid_argument_types():
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        sb.entmax_bisect(torch.zeros(3), alpha="1.5")
+    with pytest.raises(ValueError, match="n_iter must be >= 1"):
+        sb.entmax_bisect(torch.zeros(3), n_iter=0)
+    with pytest.raises(TypeError, match="bias must be a real number"):
+        sb.sigmoid_normalize(torch.zeros(3), bias=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="bias must be finite"):
+        sb.sigmoid_normalize(torch.zeros(3), bias=float("-inf"))
+
+
+def test_public_names():
+    for name in ("sparsemax", "entmax15", "entmax_bisect", "softmax_one", "relu_normalize",
+                 "sigmoid_normalize"):
+        assert name in sb.__all__ and getattr(sb, name).__doc__
