@@ -17,6 +17,7 @@ from . import (
     attention,
     device,
     gradients,
+    kernels,
     masking,
     models,
     notebook,
@@ -41,7 +42,8 @@ from .softmax import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 
-#: The public API, by module (``reference`` stays a module: ``sb.reference.softmax``).
+#: The public API, by module. ``reference`` and ``kernels`` stay modules
+#: (``sb.reference.softmax``, ``sb.kernels.triton_softmax``).
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
@@ -56,5 +58,6 @@ __all__ = [
     *notebook.__all__,
     *plotting.__all__,
     "reference",
+    "kernels",
     "__version__",
 ]

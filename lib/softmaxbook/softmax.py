@@ -23,7 +23,10 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
     r"""Softmax along ``dim``: :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
 
     Stable for any finite input: the row maximum is subtracted before ``exp``
-    (inside torch's kernel). Entries equal to ``-inf`` get weight 0; a ``nan``
+    (inside the kernel). On a CUDA device with Triton installed and no gradient
+    needed, the fused Triton kernel of :func:`~softmaxbook.kernels.fused_softmax`
+    runs; everywhere else torch's (:func:`~softmaxbook.explain_dispatch` says
+    which). Entries equal to ``-inf`` get weight 0; a ``nan``
     anywhere in a row makes the whole row ``nan`` rather than hiding it.
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
@@ -41,7 +44,12 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
     """
     check_float(x)
     dim = check_dim(x, dim)
-    return torch.softmax(_scaled(x, temperature), dim=dim)
+    x = _scaled(x, temperature)
+    if x.is_cuda:  # the only place a Triton kernel can run; decided in fused_softmax
+        from .kernels import fused_softmax
+
+        return fused_softmax(x, dim)
+    return torch.softmax(x, dim=dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
