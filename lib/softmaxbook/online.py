@@ -122,9 +122,11 @@ def flash_attention(
     :math:`m`, a running sum :math:`\ell` and an unnormalized output
     :math:`o`; a new tile of scores :math:`s` updates them as
 
-    .. math:: m' = \max(m, \max_j s_j), \quad
-              \ell' = e^{m - m'}\,\ell + \sum_j e^{s_j - m'}, \quad
-              o' = e^{m - m'}\,o + \sum_j e^{s_j - m'}\, v_j
+    .. math::
+
+        m' &= \max(m, \max_j s_j), \\
+        \ell' &= e^{m - m'}\,\ell + \textstyle\sum_j e^{s_j - m'}, \\
+        o' &= e^{m - m'}\,o + \textstyle\sum_j e^{s_j - m'}\, v_j
 
     and the result is :math:`o / \ell`. Only one ``(block_q, block_k)`` tile
     of scores exists at a time, so the extra memory grows linearly with the
