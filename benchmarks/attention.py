@@ -125,6 +125,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N = 512 ... 2048, one repeat")
     parser.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="fresh processes per configuration, interleaved across methods")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -135,14 +137,22 @@ def main() -> None:
     sizes = args.sizes or ([512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192])
     import torch
 
+    rounds = args.rounds or (1 if args.quick else 3)
     print(f"Attention, B*H = {BH}, D = {D}, float32, CPU with {torch.get_num_threads()} threads; "
-          "each configuration in a fresh process")
+          f"each configuration in a fresh process, {rounds} rounds interleaved across methods "
+          "(medians over rounds: the machine is noisy)")
     print(f"{'N':>6} {'method':>6} {'median s':>9} {'peak extra MiB':>15}")
     rows = []
     for n in sizes:
         repeats = args.repeats or (1 if args.quick else (5 if n <= 2048 else 3))
+        runs = {method: [] for method in METHODS}
+        for _ in range(rounds):  # naive, sdpa, flash, naive, ...: drifts in load hit all alike
+            for method in METHODS:
+                runs[method].append(run_fresh(method, n, repeats))
         for method in METHODS:
-            row = run_fresh(method, n, repeats)
+            row = {"method": method, "n": n,
+                   "time_s": statistics.median(r["time_s"] for r in runs[method]),
+                   "peak_extra_mib": statistics.median(r["peak_extra_mib"] for r in runs[method])}
             rows.append(row)
             print(f"{n:>6} {method:>6} {row['time_s']:>9.4f} {row['peak_extra_mib']:>15.1f}", flush=True)
 
