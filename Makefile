@@ -9,7 +9,7 @@ CHAPTERS := $(wildcard chapters/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book test test-fast execute lab bench clean
+.PHONY: all setup book test test-fast test-portable execute lab bench clean
 
 all: test
 
@@ -33,6 +33,27 @@ test: $(STAMP)
 ## test-fast: the library's unit tests only
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -p no:nbval -m "not slow" -o addopts=""
+
+## test-portable: strict nbval on every chapter as other machines would run it.
+# Each configuration is CAPABILITY:THREADS. ATEN_CPU_CAPABILITY picks torch's vectorized
+# kernels, MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA those of its BLAS, and the thread
+# count splits sums differently: together they reorder float sums the way another CPU does.
+# `native` leaves the instruction sets to the machine. NB=... checks a single chapter.
+PORTABLE ?= default:1 avx2:2 native:2
+test-portable: $(STAMP)
+	@failed=""; for config in $(PORTABLE); do \
+	    cap=$${config%%:*}; threads=$${config##*:}; \
+	    case $$cap in \
+	        default) isa="ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41";; \
+	        avx2) isa="ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2";; \
+	        native) isa="";; \
+	        *) echo "unknown capability $$cap (expected default, avx2 or native)"; exit 2;; \
+	    esac; \
+	    echo "== nbval, CPU kernels: $$cap, threads: $$threads"; \
+	    env $$isa OMP_NUM_THREADS=$$threads MKL_NUM_THREADS=$$threads \
+	        $(BIN)/python -m pytest $(if $(NB),$(NB),chapters) -q || failed="$$failed $$config"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "nbval failed under:$$failed"; exit 1; fi
 
 ## execute: re-run every chapter in place, refreshing its stored outputs
 execute: $(STAMP)

@@ -39,3 +39,31 @@ def test_notebook_is_stored_executed(notebook):
         for out in cell.get("outputs", []):
             assert out.get("name") != "stderr", f"{notebook.name} writes to stderr: {out.get('text')}"
             assert out.get("output_type") != "error", f"{notebook.name} stores an error"
+
+
+GLUE_MIME = "application/papermill.record/text/plain"
+# The repr of a Python float: digits with a point, an exponent, or both.
+FLOAT_REPR = re.compile(r"-?(\d+\.\d*(e[-+]?\d+)?|\d+e[-+]?\d+)", re.IGNORECASE)
+
+
+def _significant_digits(float_repr: str) -> int:
+    """Significant digits of a float's repr: ``316.2`` has 4, ``65504.0`` 5, ``2.5e-07`` 2."""
+    mantissa = re.split(r"[eE]", float_repr.lstrip("-"))[0]
+    return len(mantissa.replace(".", "").strip("0"))
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name)
+def test_glued_floats_are_rounded(notebook):
+    """A glued float carries at most 6 significant digits, never a full repr (sb.glue's rule)."""
+    nb = json.loads(notebook.read_text())
+    too_long = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            text = out.get("data", {}).get(GLUE_MIME)
+            if text is None:
+                continue
+            text = "".join(text)
+            if FLOAT_REPR.fullmatch(text) and _significant_digits(text) > 6:
+                name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+                too_long.append(f"{name} = {text}")
+    assert not too_long, f"{notebook.name} glues unrounded floats: {too_long}"
