@@ -67,3 +67,22 @@ def test_glued_floats_are_rounded(notebook):
                 name = out.get("metadata", {}).get("scrapbook", {}).get("name")
                 too_long.append(f"{name} = {text}")
     assert not too_long, f"{notebook.name} glues unrounded floats: {too_long}"
+
+
+# JSON escapes that silently eat a TeX command: "\t" is a TAB (\times, \tau, \theta),
+# "\f" a form feed (\frac), "\b" a backspace (\beta), "\r" a carriage return (\right),
+# "\a" and "\v" (\alpha, \vec) bells and vertical tabs.
+CONTROL_CHARACTERS = {"\t": r"\t", "\f": r"\f", "\b": r"\b", "\r": r"\r", "\a": r"\a", "\v": r"\v"}
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name)
+def test_no_control_characters_ate_tex(notebook):
+    nb = json.loads(notebook.read_text())
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        source = "".join(cell["source"])
+        for char, escape in CONTROL_CHARACTERS.items():
+            if char in source:
+                at = source.index(char)
+                found.append(f"cell {index}: {escape} in {source[max(0, at - 20):at + 12]!r}")
+    assert not found, f"{notebook.name}: a JSON escape replaced a TeX backslash: {found}"
