@@ -56,8 +56,9 @@ def glue(name: str, value, *, digits: int = 4, display: bool = False) -> None:
     ----------
     name : str
         The key used in ``{glue:text}`name```.
-    value : float, int, bool, str, None, NumPy scalar or 0-d tensor
-        What to record.
+    value : float, int, bool, str or None
+        What to record; a NumPy scalar or a 0-d tensor is recorded as the
+        Python number it holds.
     digits : int
         Significant digits kept of a float, from 1 to 6.
 
