@@ -103,8 +103,10 @@ class CheckReport:
     --------
     >>> import torch, softmaxbook as sb
     >>> report = sb.checks.check_softmax(torch.softmax)
-    >>> report.ok, bool(report), report.problems
-    (False, False, ['With scores [1, 0.5, 2.5, -0.1] (float64), your softmax raised ...'])
+    >>> report.ok, bool(report)
+    (False, False)
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS
+    With scores [1, 0.5, 2.5, -0.1] (float64), your softmax raised TypeError: ...
     >>> sb.checks.check_softmax(lambda x: torch.softmax(x, dim=-1)).ok
     True
     """
@@ -213,11 +215,11 @@ _ERROR_HINTS = [
 ]
 
 
-def _error_hint(error: Exception) -> str:
+def _error_hint(error: Exception, hints=_ERROR_HINTS) -> str:
     if isinstance(error, NotImplementedError):
         return "Implement the function: the stub still raises NotImplementedError."
     text = str(error)
-    for fragment, hint in _ERROR_HINTS:
+    for fragment, hint in hints:
         if fragment in text:
             return hint
     return ""
@@ -241,7 +243,8 @@ class _Session:
     mistake) are merged into one message that lists every input showing it.
     """
 
-    def __init__(self, fn, noun: str, *, numpy: bool = False, device=None):
+    def __init__(self, fn, noun: str, *, numpy: bool = False, device=None,
+                 hints: tuple = ()):
         if not callable(fn):
             raise TypeError(f"fn must be a callable (the function to check), "
                             f"got {type(fn).__name__}")
@@ -250,6 +253,7 @@ class _Session:
         self.fn, self.noun, self.numpy = fn, noun, numpy
         self.device = torch.device(device) if device is not None else get_device()
         self.stopped = False
+        self.hints = list(hints) + _ERROR_HINTS  # (fragment of a message, hint)
         self._problems: dict = {}
 
     # -- problems ----------------------------------------------------------------------
@@ -276,7 +280,8 @@ class _Session:
         if self.stopped:
             problems.append("The other checks did not run: fix the problem above first.")
         if self.numpy:
-            checked = checked + [f"not checked with numpy=True: {skipped}"]
+            checked = [c for c in checked if c != "the device kept"]
+            checked.append(f"not checked with numpy=True: {skipped}")
         return CheckReport(checker, _function_name(self.fn), problems, checked)
 
     @property
@@ -308,16 +313,20 @@ class _Session:
         return self._outputs(label, out, shapes, outputs, shape_hint)
 
     def _to_user(self, t):
+        """What ``fn`` receives: a copy, so that an in-place change cannot leak into
+        the next check (a leaf that requires grad goes as it is, for autograd)."""
         if isinstance(t, _Scalar):
             return t.value
-        if t is None or not self.numpy:
+        if not isinstance(t, Tensor):
             return t
-        return t.detach().cpu().numpy().copy()
+        if self.numpy:
+            return t.detach().cpu().numpy().copy()
+        return t if t.requires_grad else t.clone()
 
     def _raised(self, label: str, error: Exception) -> None:
         text = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         name = type(error).__name__
-        hint = _error_hint(error)
+        hint = _error_hint(error, self.hints)
         message = f"With {label}, {self.noun} raised {name}" + (f": {text}" if text else "")
         message = message.rstrip(".") + "." + (f" {hint}" if hint else "")
         self.problem(("raised", name, hint or text), label, message)
@@ -333,7 +342,7 @@ class _Session:
                 f"With {label}, {self.noun} changed its argument {name} in place: it "
                 f"held {_fmt(old)} before the call and {_fmt(new)} after. Work on a new "
                 f"tensor: write x = x - m rather than x -= m, and use masked_fill rather "
-                f"than x[mask] = value.")
+                f"than masked_fill_ or x[mask] = value.")
 
     def _outputs(self, label: str, out, shapes, outputs: int, shape_hint):
         if outputs == 1:
@@ -371,7 +380,7 @@ class _Session:
         if isinstance(out, (Tensor, np.ndarray)):
             kind = f"a {type(out).__name__} of dtype {_dtype(out.dtype)}"
         else:
-            kind = f"a {type(out).__name__}"
+            kind = "None" if out is None else f"a {type(out).__name__}"
         hint = {
             "list": "build the result with tensor operations, not a Python list",
             "float": "do not call .item() or float(): keep the result a tensor",
@@ -383,9 +392,10 @@ class _Session:
             hint = "stay in torch (or check a NumPy function with numpy=True)"
         if isinstance(out, Tensor) and self.numpy:
             hint = "return a NumPy array (or check a torch function with numpy=False)"
+        ending = (f": {hint}" + ("" if hint.endswith("?") else ".")) if hint else "."
         self.problem(("type", kind), label,
                      f"With {label}, {self.noun} returned {kind}; expected a "
-                     f"floating-point {self._kind()}" + (f": {hint}." if hint else "."))
+                     f"floating-point {self._kind()}{ending}")
         return None
 
     def _shape_hint(self, got: tuple, want: tuple) -> str:
@@ -412,16 +422,29 @@ class _Session:
     def values(self, label: str, got: Tensor, want: Tensor, dtype, *, key="values",
                candidates: Callable[[], list[Candidate]] | None = None,
                explain: Callable[[Tensor, Tensor], str] | None = None,
-               what: str = "") -> bool:
-        """Compare ``got`` with the float64 ``want``; on a mismatch, diagnose it."""
+               what: str = "", magnitude: float = 1.0,
+               first: Callable[[], str] | None = None) -> bool:
+        """Compare ``got`` with the float64 ``want``; on a mismatch, diagnose it.
+
+        The absolute tolerance is the dtype's, times ``magnitude``: the size of
+        the inputs where a result's rounding error grows with it (``x - lse``).
+        The hint comes from ``first()`` if it has one, else from the first of
+        ``candidates()`` (what known mistakes return) that matches, else from
+        ``explain(got, want)``.
+        """
         atol, rtol = _TOL[dtype]
+        atol *= magnitude
         g = got.detach().to("cpu", F64)
         want = want.to(F64)
         if bool(_close(g, want, atol, rtol).all()):
             return True
-        for mistake, result, hint in (candidates() if candidates else []):
+        hint = first() if first else ""
+        if hint:
+            self.problem((key, hint), label, self._mismatch(label, g, want, what) + " " + hint)
+            return False
+        for _, result, hint in (candidates() if candidates else []):
             if result.shape == g.shape and bool(_close(g, result, atol, rtol, nan=True).all()):
-                self.problem((key, mistake), label, self._mismatch(label, g, want, what)
+                self.problem((key, hint), label, self._mismatch(label, g, want, what)
                              + " " + hint)
                 return False
         hint = explain(g, want) if explain else ""
@@ -608,6 +631,9 @@ def _rows_sum_hint(got: Tensor, target: float = 1.0, what: str = "rows") -> str:
     sums = got.sum(dim=-1)
     if bool(_close(sums, torch.full_like(sums, target), 1e-6, 1e-6).all()):
         return ""
+    if target == 1 and got.dim() > 1 and abs(float(got.sum()) - 1) < 1e-6:
+        return ("Your whole result sums to 1, not each row: divide each row by its own "
+                "sum, e.sum(dim=-1, keepdim=True).")
     return (f"The {what} of your result sum to {_fmt(sums.reshape(-1), 4)} instead of "
             f"{_number(target)}.")
 
@@ -621,56 +647,62 @@ _MAX_HINT = ("Subtract the row maximum before exp, m = x.max(dim=-1, keepdim=Tru
 
 
 def _wrong_dim_candidates(x: Tensor, function) -> list[Candidate]:
-    """What normalizing along another dimension, or over everything, would give."""
+    """What normalizing along another dimension would give."""
     found = []
     for d in range(x.dim() - 1):
         found.append((f"dim {d}", _t(function(_np(x), axis=d)),
                       f"That is the result along dim={d}: normalize each row along the "
                       f"last dimension (dim=-1), whatever the number of batch "
                       f"dimensions."))
-    if x.dim() > 1:
-        flat = _t(function(_np(x).reshape(-1))).reshape(x.shape)
-        found.append(("whole", flat,
-                      "That normalizes the whole tensor at once: reduce each row "
-                      "separately, with dim=-1 and keepdim=True."))
     return found
 
 
 def _rowwise(session: _Session, label: str, x: Tensor, want: Tensor, *,
-             candidates=None, explain=None) -> bool:
+             candidates=None, explain=None, magnitude: bool = False,
+             first=None) -> bool:
     """Check ``fn(x)`` against ``want``; False when the result is unusable."""
     out = session.call(label, [("x", x)], shapes=[x.shape])
     if out is None:
         return False
-    dtype_ok = session.dtype(label, out, x.dtype)
-    if dtype_ok:
-        session.values(label, out, want, x.dtype, candidates=candidates, explain=explain)
+    size = x.abs().nan_to_num(posinf=0.0).max().clamp(min=1.0) if magnitude else 1.0
+    if session.dtype(label, out, x.dtype):
+        session.values(label, out, want, x.dtype, candidates=candidates, explain=explain,
+                       magnitude=float(size), first=first and (lambda: first(x)))
     return True
 
 
 def _rowwise_checks(session: _Session, *, seed: int, reference_fn, derivative,
                     extremes, basic, candidates, explain, shapes, scale: float,
-                    gradient: bool, checked_extremes: str) -> list[str]:
+                    gradient: bool, checked_extremes: str,
+                    magnitude: bool = False, first=None) -> list[str]:
     """The checks shared by the row-wise functions (softmax, log-softmax, sparsemax)."""
     x = torch.tensor(basic, dtype=F64)
     if not _rowwise(session, _label("scores", x), x, _t(reference_fn(_np(x))),
-                    candidates=lambda: candidates(x), explain=explain):
+                    candidates=lambda: candidates(x),
+                    explain=lambda got, want: explain(got, want, x), first=first,
+                    magnitude=magnitude):
         session.stopped = True
         return []
     g = _generator(seed)
     inputs = [_randn(g, *shape, scale=scale) for shape in shapes]
     for x in inputs:
         _rowwise(session, _label("scores", x), x, _t(reference_fn(_np(x))),
-                 candidates=lambda x=x: candidates(x), explain=explain)
-    for name, values, note in extremes:
+                 candidates=lambda x=x: candidates(x),
+                 explain=lambda got, want, x=x: explain(got, want, x), first=first,
+                 magnitude=magnitude)
+    for _, values, note in extremes:
         for dtype in (F64, F32):
             x = torch.tensor(values, dtype=dtype)
             _rowwise(session, _label("scores", x, note), x, _t(reference_fn(_np(x))),
-                     candidates=lambda x=x: candidates(x), explain=explain)
+                     candidates=lambda x=x: candidates(x),
+                 explain=lambda got, want, x=x: explain(got, want, x), first=first,
+                     magnitude=magnitude)
     for dtype in _dtypes(session):
         x = inputs[1].to(dtype)
         _rowwise(session, _label("scores", x), x, _t(reference_fn(_np(x))),
-                 candidates=lambda x=x: candidates(x), explain=explain)
+                 candidates=lambda x=x: candidates(x),
+                 explain=lambda got, want, x=x: explain(got, want, x), first=first,
+                 magnitude=magnitude)
     x = inputs[1].to(F32)
     session.on_device(_label("scores", x, "on the accelerator"), [("x", x)],
                       shapes=[x.shape], want=_t(reference_fn(_np(x))))
@@ -688,7 +720,7 @@ def _rowwise_checks(session: _Session, *, seed: int, reference_fn, derivative,
         if gradient and not session.numpy else [])
 
 
-def _softmax_explain(got: Tensor, want: Tensor) -> str:
+def _softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
     if bool(got.isnan().any()) and not bool(want.isnan().any()):
         return _MAX_HINT
     if bool((got < 0).any()):
@@ -756,8 +788,9 @@ def check_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     ...     e = torch.exp(x)
     ...     return e / e.sum(dim=-1, keepdim=True)
     >>> report = sb.checks.check_softmax(naive_softmax)
-    >>> print(report.problems[0][:86])
-    With scores [1000, 0] (float64) (overflow), your softmax returned [nan, 0]; expected
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    With scores [1000, 0] (float64, overflow), your softmax returned [nan, 0];
+    expected [1, 0]. Subtract the row maximum before exp, ...
     >>> def my_softmax(x):
     ...     e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
     ...     return e / e.sum(dim=-1, keepdim=True)
@@ -787,7 +820,7 @@ _LSE_HINT = ("Compute x - logsumexp(x), with logsumexp(x) = m + log(sum_j exp(x_
              "rounded to 0.")
 
 
-def _log_softmax_explain(got: Tensor, want: Tensor) -> str:
+def _log_softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
     finite = torch.isfinite(want)
     if bool((torch.isneginf(got) & finite).any()):
         return ("-inf is log(0): a probability rounded to 0. " + _LSE_HINT)
@@ -804,6 +837,9 @@ def _log_softmax_explain(got: Tensor, want: Tensor) -> str:
 def _log_softmax_candidates(x: Tensor) -> list[Candidate]:
     found = _wrong_dim_candidates(x, reference.log_softmax)
     with np.errstate(all="ignore"):
+        found.append(("naive lse", _t(_np(x) - np.log(np.exp(_np(x)).sum(-1, keepdims=True))),
+                      "Subtract the maximum inside the logsumexp: exp(1000) overflows to "
+                      "inf and exp(-1000) underflows to 0. " + _LSE_HINT))
         found.append(("softmax", _t(reference.softmax(_np(x))),
                       "Those are the probabilities: log-softmax returns their "
                       "logarithms, x - logsumexp(x)."))
@@ -845,8 +881,9 @@ def check_log_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = Tru
     --------
     >>> import torch, softmaxbook as sb
     >>> report = sb.checks.check_log_softmax(lambda x: torch.log(torch.softmax(x, -1)))
-    >>> print(report.problems[0][:71])
-    With scores [1000, 0] (float64) (overflow), your log-softmax returned [0
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    With scores [1000, 0] (float64, overflow), your log-softmax returned [0, -inf];
+    expected [0, -1000]. That is log(softmax(x)): ...
     >>> sb.checks.check_log_softmax(lambda x: x - torch.logsumexp(x, -1, keepdim=True)).ok
     True
     """
@@ -865,7 +902,7 @@ def check_log_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = Tru
         session, seed=2, reference_fn=reference.log_softmax, basic=[1.0, 0.5, 2.5, -0.1],
         derivative=derivative, extremes=extremes, candidates=_log_softmax_candidates,
         explain=_log_softmax_explain, shapes=[(6,), (3, 7), (2, 3, 4, 5)], scale=3.0,
-        gradient=gradient,
+        gradient=gradient, magnitude=True,
         checked_extremes="exp of each row sums to one; [1000, 0] and [-1000, -1000] in "
                          "float64 and float32; rows on different scales; a score of -inf")
     return session.report("check_log_softmax", checked)
@@ -903,9 +940,31 @@ def _sparsemax_candidates(x: Tensor) -> list[Candidate]:
     return found
 
 
-def _sparsemax_explain(got: Tensor, want: Tensor) -> str:
-    if bool((got < 0).any()):
-        return "Weights are never negative: clip at zero, max(x - tau, 0)."
+def _sparsemax_explainer(session: _Session):
+    def explain(got: Tensor, want: Tensor, x: Tensor) -> str:
+        if bool((got < 0).any()):
+            return "Weights are never negative: clip at zero, max(x - tau, 0)."
+        return _support_hint(got, want)
+    return explain
+
+
+def _sorted_hint(session: _Session, x: Tensor) -> str:
+    """When unsorted scores fail, try sorted ones: the threshold must come from a sort."""
+    xs = torch.sort(x, dim=-1, descending=True).values
+    if torch.equal(xs, x):
+        return ""
+    quiet = _Session(session.fn, session.noun, numpy=session.numpy, device="cpu")
+    out = quiet.call("", [("x", xs)], shapes=[xs.shape])
+    if out is None or not bool(_close(out.to(F64), _t(reference.sparsemax(_np(xs))),
+                                      *_TOL[x.dtype]).all()):
+        return ""
+    return ("Your sparsemax is right when the scores come already sorted, but not "
+            "otherwise: compute the threshold from the scores sorted in decreasing order "
+            "(torch.sort(x, dim=-1, descending=True)), then apply it to the scores in "
+            "their original order.")
+
+
+def _support_hint(got: Tensor, want: Tensor) -> str:
     support_got, support_want = (got > 0).sum(-1), (want > 0).sum(-1)
     if not torch.equal(support_got, support_want):
         return (f"Your result has {_fmt(support_got.reshape(-1), 4)} nonzero entries per "
@@ -954,10 +1013,15 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     >>> import torch, softmaxbook as sb
     >>> sb.checks.check_sparsemax(sb.sparsemax).ok
     True
-    >>> print(sb.checks.check_sparsemax(lambda x: torch.softmax(x, -1)).problems[0][:70])
-    With scores [0.6, 0.3, 0.8, -0.1] (float64), your sparsemax returned [
+    >>> report = sb.checks.check_sparsemax(lambda x: torch.softmax(x, -1))
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    With scores [0.6, 0.3, 0.8, -0.1] (float64), your sparsemax returned [...];
+    expected [0.3667, 0.06667, 0.5667, 0]. That is the softmax: ...
     """
-    session = _Session(fn, "your sparsemax", numpy=numpy, device=device)
+    session = _Session(fn, "your sparsemax", numpy=numpy, device=device, hints=[(
+        "out of bounds", "An index went out of range: the support size k counts from 1 "
+        "(it is at least 1), and the k-th largest score sits at index k - 1.")])
+    explain = _sparsemax_explainer(session)
     extremes = [
         ("ties", [1.0, 1.0, 1.0, 1.0], "ties"),
         ("one-hot", [3.0, 0.0, 0.0], "a one-hot result"),
@@ -967,7 +1031,8 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     checked = _rowwise_checks(
         session, seed=3, reference_fn=reference.sparsemax, basic=[0.6, 0.3, 0.8, -0.1],
         derivative=_sparsemax_grad, extremes=extremes, candidates=_sparsemax_candidates,
-        explain=_sparsemax_explain, shapes=[(6,), (3, 7), (2, 3, 4, 5)], scale=1.0,
+        explain=explain, shapes=[(6,), (3, 7), (2, 3, 4, 5)], scale=1.0,
+        first=lambda x: _sorted_hint(session, x),
         gradient=gradient,
         checked_extremes="ties; a one-hot result; large scores; a shift by 100")
     if session.stopped:
@@ -981,8 +1046,8 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
         if out is None:
             continue
         if not session.values(label, out, want, F64, candidates=lambda x=x: (
-                _sparsemax_candidates(x)), explain=_sparsemax_explain):
-            _sorted_diagnosis(session, x)
+                _sparsemax_candidates(x)), explain=lambda got, w, x=x: explain(got, w, x),
+                first=lambda x=x: _sorted_hint(session, x)):
             continue
         leaked = (want == 0) & (out != 0)
         if bool(leaked.any()):
@@ -993,20 +1058,6 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
                             f"torch.clamp(x - tau, min=0), do not add an epsilon.")
     checked.insert(1, "dense and sparse supports; exact zeros outside the support")
     return session.report("check_sparsemax", checked)
-
-
-def _sorted_diagnosis(session: _Session, x: Tensor) -> None:
-    """When unsorted scores fail, try sorted ones: the threshold must come from a sort."""
-    xs = torch.sort(x, dim=-1, descending=True).values
-    label = _label("scores", xs, "sorted in decreasing order")
-    quiet = _Session(session.fn, session.noun, numpy=session.numpy, device="cpu")
-    out = quiet.call(label, [("x", xs)], shapes=[xs.shape])
-    if out is not None and quiet.values(label, out, _t(reference.sparsemax(_np(xs))), F64):
-        session.problem(("unsorted",), label,
-                        "Your sparsemax is right when the scores come already sorted, "
-                        "but not otherwise: compute the threshold from the scores sorted "
-                        "in decreasing order (torch.sort(x, dim=-1, descending=True)), "
-                        "then apply it to the scores in their original order.")
 
 
 # --------------------------------------------------------------------------------------
@@ -1033,16 +1084,33 @@ def _masked_reference(scores: Tensor, mask: Tensor) -> Tensor:
 
 
 def _masked_candidates(scores: Tensor, mask: Tensor) -> list[Candidate]:
+    plain = _t(reference.softmax(_np(scores)))
+    partly = ~mask.expand(scores.shape).all(dim=-1, keepdim=True)
     return [("polarity", _masked_reference(scores, ~mask), _POLARITY_HINT),
-            ("ignored", _t(reference.softmax(_np(scores))), _IGNORED_HINT)]
+            ("ignored", plain, _IGNORED_HINT),
+            # scores + (~mask) * -inf: 0 * -inf = nan in every row with a masked key
+            ("0 * -inf", plain.masked_fill(partly, math.nan), _NAN_MASK_HINT)]
 
 
-def _masked_explain(mask: Tensor):
+_NAN_MASK_HINT = ("nan appeared in rows that keep some entries: 0 * -inf is nan, so an "
+                  "additive mask built as (~mask) * float('-inf') poisons every entry of "
+                  "a row with a masked key. Build the masked scores with "
+                  "scores.masked_fill(~mask, float('-inf')) or torch.where.")
+
+
+def _masked_explain(scores: Tensor, mask: Tensor):
     def explain(got: Tensor, want: Tensor) -> str:
         keep = mask.expand(want.shape)
-        empty = ~keep.any(dim=-1)
+        empty = ~keep.any(dim=-1, keepdim=True).expand(want.shape)
+        kept_zero = (got[keep] == 0) | got[keep].isnan()
+        masked = got[~keep]
+        if bool(kept_zero.all()) and bool(((masked != 0) & masked.isfinite()).any()):
+            return _POLARITY_HINT
+        if bool(got[~empty].isnan().any()):
+            small = bool(scores.abs().max() < 80)  # exp cannot overflow, even in float32
+            return _NAN_MASK_HINT if small else _MAX_HINT
         if bool(empty.any()):
-            rows = got[empty]
+            rows = got[empty].reshape(-1, want.shape[-1])
             if bool(rows.isnan().any()):
                 return _EMPTY_NAN_HINT
             if bool(_close(rows, torch.full_like(rows, 1 / rows.shape[-1]), 1e-3, 0).all()):
@@ -1050,10 +1118,6 @@ def _masked_explain(mask: Tensor):
             if not bool((rows == 0).all()):
                 return ("A row whose mask is all False has nothing to attend to: its "
                         "weights must all be 0.")
-        if bool(got.isnan().any()):
-            return ("nan appeared where the mask keeps entries. " + _MAX_HINT +
-                    " (Note that 0 * -inf is nan: build masks with masked_fill or "
-                    "torch.where, not by multiplying.)")
         if bool((got[~keep] != 0).any()):
             return (f"Masked entries (mask False) got weight {_fmt(got[~keep][:4])}: "
                     f"they must get exactly 0.")
@@ -1068,7 +1132,7 @@ def _masked_case(session: _Session, label: str, scores: Tensor, mask: Tensor) ->
     if session.dtype(label, out, scores.dtype):
         session.values(label, out, _masked_reference(scores, mask), scores.dtype,
                        candidates=lambda: _masked_candidates(scores, mask),
-                       explain=_masked_explain(mask))
+                       explain=_masked_explain(scores, mask))
     return True
 
 
@@ -1181,12 +1245,12 @@ def check_masked_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = 
 # Attention
 
 
-def _attention_np(q, k, v, mask=None, scale=None, axis=-1) -> Tensor:
+def _attention_np(q, k, v, mask=None, scale=None, axis=-1, fill=-np.inf) -> Tensor:
     q, k, v = _np(q), _np(k), _np(v)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = q @ np.swapaxes(k, -1, -2) * scale  # (..., L, S)
     if mask is not None:
-        scores = np.where(np.broadcast_to(mask.numpy(), scores.shape), scores, -np.inf)
+        scores = np.where(np.broadcast_to(mask.numpy(), scores.shape), scores, fill)
     return _t(reference.softmax(scores, axis=axis) @ v)
 
 
@@ -1216,6 +1280,13 @@ def _attention_candidates(q, k, v, mask) -> list[Candidate]:
     if mask is not None:
         found += [("polarity", _attention_np(q, k, v, ~mask), _POLARITY_HINT),
                   ("ignored", _attention_np(q, k, v), _IGNORED_HINT)]
+        if bool((~mask.any(dim=-1)).any()):
+            found.append(("finite fill", _attention_np(q, k, v, mask, fill=-1e9),
+                          "A query whose mask row is all False came back as the "
+                          "average of all the values: that is what a finite fill such "
+                          "as -1e9 does (every score equal, so the softmax is uniform). "
+                          "Use -inf for masked scores, and give a query with nothing to "
+                          "attend to zero weights and a zero output."))
     return found
 
 
@@ -1281,8 +1352,11 @@ def check_attention(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     >>> import math, torch, softmaxbook as sb
     >>> def unscaled(q, k, v, mask=None):
     ...     return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
-    >>> print(sb.checks.check_attention(unscaled).problems[0][-104:])
-    That is attention without the scale: multiply the scores q @ k^T by 1/sqrt(D) = 1/sqrt(8), D the
+    >>> report = sb.checks.check_attention(unscaled)
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    With q (4, 8), k (6, 8), v (6, 5) (float64), no mask, row 3 of the result of
+    your attention is [...]; expected [...]. That is attention without the scale:
+    multiply the scores q @ k^T by 1/sqrt(D) = 1/sqrt(8), ...
     >>> def attention(q, k, v, mask=None):
     ...     return sb.scaled_dot_product_attention(q, k, v, mask=mask)
     >>> sb.checks.check_attention(attention).ok
@@ -1418,8 +1492,10 @@ def check_softmax_backward(fn: Callable, *, numpy: bool = False,
     --------
     >>> import torch, softmaxbook as sb
     >>> report = sb.checks.check_softmax_backward(lambda s, g: s * g)
-    >>> print(report.problems[0][-121:-61])
-    That is s * g: it misses the term -s_i * sum_j s_j g_j, whic
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    With s = softmax([1, 0.5, 2.5, -0.1]) and grad_output [0.3, -1, 0.5, 2]
+    (float64), your softmax backward returned [...]; expected [...]. That is s * g:
+    it misses the term -s_i * sum_j s_j g_j, ...
     >>> sb.checks.check_softmax_backward(sb.softmax_backward).ok
     True
     """
@@ -1553,34 +1629,37 @@ def check_top_p_filter(fn: Callable, *, numpy: bool = False, device=None) -> Che
     True
     """
     session = _Session(fn, "your top-p filter", numpy=numpy, device=device)
-    probs = torch.tensor([0.45, 0.10, 0.30, 0.06, 0.09], dtype=F64)
-    z = torch.log(probs)
-    if not _top_p_run(session, f"logits log({_fmt(probs)}) (float64) and p = 0.7", z, 0.7):
-        session.stopped = True
-        return session.report("check_top_p_filter", [])
-    _top_p_run(session, f"logits log({_fmt(probs)}) (float64) and p = 0.2", z, 0.2)
-    _top_p_run(session, f"logits log({_fmt(probs)}) (float64) and p = 1", z, 1.0)
-    g = _generator(7)
-    ranks = torch.arange(1, 41, dtype=F64)
-    zipf = torch.stack([-2.0 * ranks.log(), -0.5 * ranks.log()])  # (2, 40)
-    zipf = zipf[:, torch.randperm(40, generator=g)]
-    _top_p_run(session, "two unsorted rows of 40 logits, one peaked and one flat (float64), "
-               "and p = 0.9", zipf, 0.9)
-    batch = _randn(g, 2, 3, 20, scale=2.0)
-    _top_p_run(session, "random logits of shape (2, 3, 20) (float64) and p = 0.8",
-               batch, 0.8)
-    _top_p_run(session, "random logits of shape (2, 3, 20) (float32) and p = 0.8",
-               batch.float(), 0.8)
-    if not session.numpy and session.device.type != "cpu":
-        x = batch.float()
-        session.on_device("float32 logits on the accelerator and p = 0.8",
-                          [("logits", x), ("p", _Scalar(0.8))], shapes=[x.shape],
-                          want=_t(_top_p_np(_np(x), 0.8)))
+    for number, (label, z, p) in enumerate(_top_p_inputs()):
+        if not _top_p_run(session, label, z, p) and number == 0:
+            session.stopped = True
+            return session.report("check_top_p_filter", [], "the device")
+    x = z.float()  # the last input: a batch
+    session.on_device("float32 logits on the accelerator and p = 0.8",
+                      [("logits", x), ("p", _Scalar(0.8))], shapes=[x.shape],
+                      want=_t(_top_p_np(_np(x), 0.8)))
     checked = ["the nucleus on unsorted rows, for p = 0.2, 0.7, 0.8, 0.9 and 1",
                "batched rows with different nucleus sizes",
                "the dtype kept (float64, float32)", "the device kept",
                "the logits not modified"]
     return session.report("check_top_p_filter", checked, "the device")
+
+
+def _top_p_inputs() -> list[tuple[str, Tensor, float]]:
+    """(label, logits, p): no ties, and no cumulative mass within 1e-4 of p."""
+    probs = torch.tensor([0.45, 0.10, 0.30, 0.06, 0.09], dtype=F64)
+    z = torch.log(probs)
+    basic = f"logits log({_fmt(probs)}) (float64) and p = "
+    g = _generator(7)
+    ranks = torch.arange(1, 41, dtype=F64)
+    zipf = torch.stack([-2.0 * ranks.log(), -0.5 * ranks.log()])  # (2, 40)
+    zipf = zipf[:, torch.randperm(40, generator=g)]
+    batch = _randn(g, 2, 3, 20, scale=2.0)
+    return [(basic + "0.7", z, 0.7), (basic + "0.2", z, 0.2), (basic + "1", z, 1.0),
+            ("two unsorted rows of 40 logits, one peaked and one flat (float64), and "
+             "p = 0.9", zipf, 0.9),
+            ("random logits of shape (2, 3, 20) (float64) and p = 0.8", batch, 0.8),
+            ("random logits of shape (2, 3, 20) (float32) and p = 0.8", batch.float(),
+             0.8)]
 
 
 class _Scalar:
@@ -1638,7 +1717,8 @@ def _merge_candidates(oa, la, ob, lb) -> list[Candidate]:
 
 
 def _merge_explain(got: Tensor, want: Tensor) -> str:
-    if bool(got.isnan().any()):
+    overflow = bool((torch.isinf(got) & torch.isfinite(want)).any())
+    if bool(got.isnan().any()) or overflow:
         if bool(torch.isneginf(want).any()) or bool((want == 0).all()):
             return ("When both parts are empty (lse = -inf), -inf - (-inf) is nan: an "
                     "empty merge gives out = 0 and lse = -inf. Shift by the maximum only "
@@ -1660,7 +1740,7 @@ def _merge_run(session, label, oa, la, ob, lb, want) -> bool:
         f64 = [t.to(F64) for t in (oa, la, ob, lb)]
         session.values(label, out_got, want[0], oa.dtype, what="an output",
                        candidates=lambda: _merge_candidates(*f64), explain=_merge_explain)
-    session.values(label, lse_got, want[1], la.dtype, key="lse", what="an lse",
+    session.values(label, lse_got, want[1], la.dtype, what="an lse",
                    explain=_merge_explain)
     return True
 
@@ -1731,9 +1811,8 @@ def check_merge_attention_states(fn: Callable, *, numpy: bool = False,
         _merge_run(session, f"outputs of shape (2, 5), lse_a {_fmt(la)} and lse_b "
                    f"{_fmt(lb)} ({words})", oa, la, ob, lb, _merge_np(oa, la, ob, lb))
     for dtype in _dtypes(session):
-        low = (out_a.to(dtype), lse_a.float(), out_b.to(dtype), lse_b.float())
-        _merge_run(session, f"the parts of the first split, outputs in {_dtype(dtype)} "
-                   f"and lse in float32", *low, want)
+        _merge_run(session, f"the parts of the first split in {_dtype(dtype)}",
+                   *[t.to(dtype) for t in first], want)
     names = ["out_a", "lse_a", "out_b", "lse_b"]
     session.on_device("float32 parts on the accelerator",
                       list(zip(names, [t.float() for t in first])),
@@ -1796,12 +1875,16 @@ def _entropy_candidates(w: Tensor) -> list[Candidate]:
     ]
 
 
-def _entropy_explain(got: Tensor, want: Tensor) -> str:
-    if bool(got.isnan().any()):
-        return _XLOGX_HINT + (" A map whose rows are all zeros has no live row: return 0 "
-                              "for it (clamp the count of live rows at 1).")
-    return ("Compare with the mean, over the rows with any weight, of "
-            "-sum_j w_ij log w_ij.")
+def _entropy_explain(w: Tensor):
+    def explain(got: Tensor, want: Tensor) -> str:
+        if bool(got.isnan().any()):
+            if not bool((w > 0).any()):
+                return ("A map whose rows are all zeros has no live row: return 0 for it "
+                        "(clamp the count of live rows at 1, and use 0 log 0 = 0).")
+            return _XLOGX_HINT
+        return ("Compare with the mean, over the rows with any weight, of "
+                "-sum_j w_ij log w_ij.")
+    return explain
 
 
 def _centered(grad: Tensor, support: Tensor) -> Tensor:
@@ -1830,7 +1913,8 @@ def _entropy_run(session, label, w) -> bool:
         return False
     if session.dtype(label, out, w.dtype):
         session.values(label, out, _entropy_np(w), w.dtype,
-                       candidates=lambda: _entropy_candidates(w), explain=_entropy_explain)
+                       candidates=lambda: _entropy_candidates(w),
+                       explain=_entropy_explain(w))
     return True
 
 
@@ -1872,8 +1956,10 @@ def check_attention_entropy(fn: Callable, *, numpy: bool = False, gradient: bool
     >>> import torch, softmaxbook as sb
     >>> def per_row_nan(w):
     ...     return -(w * torch.log(w)).sum(-1).mean(-1)
-    >>> print(sb.checks.check_attention_entropy(per_row_nan).problems[0][:60])
-    With a causal map of shape (5, 5) (float64), your entropy fu
+    >>> report = sb.checks.check_attention_entropy(per_row_nan)
+    >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    With a causal map of shape (5, 5) (float64), your entropy function returned
+    nan; expected 0.7416. 0 * log(0) is 0 * (-inf) = nan in floating point, ...
     >>> sb.checks.check_attention_entropy(sb.attention_entropy).ok
     True
     """
