@@ -42,6 +42,7 @@ For an autograder, ``check_softmax(fn).raise_if_failed()`` raises an
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ INF = math.inf
 # what any of the mistakes the checkers look for changes.
 _TOL = {F64: (1e-10, 1e-10), F32: (2e-5, 2e-5), F16: (6e-3, 6e-3), BF16: (4e-2, 4e-2)}
 _NUMPY_DTYPE = {F64: np.float64, F32: np.float32, F16: np.float16}
-_WIDTH = 79
+_WIDTH = 76  # fits a code cell of the website (77 columns at 1280 px)
 _ALSO = 3  # how many other inputs with the same problem a message lists
 
 
@@ -128,14 +129,13 @@ class CheckReport:
         head = f"{self.checker}({self.function}): "
         if self.ok:
             lines = [head + "all checks passed."]
-            lines += textwrap.wrap("Checked: " + "; ".join(self.checked) + ".", _WIDTH,
-                                   subsequent_indent="  ")
+            lines += _wrap("Checked: " + "; ".join(self.checked) + ".",
+                           subsequent_indent="  ")
             return "\n".join(lines)
         count = len(self.problems)
         lines = [head + f"{count} problem{'s' if count > 1 else ''}"]
         for number, problem in enumerate(self.problems, 1):
-            lines += textwrap.wrap(problem, _WIDTH, initial_indent=f"{number:>2}. ",
-                                   subsequent_indent="    ", break_on_hyphens=False)
+            lines += _wrap(problem, initial_indent=f"{number:>2}. ", subsequent_indent="    ")
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer, cycle) -> None:  # IPython shows str(), not the fields
@@ -149,6 +149,21 @@ class CheckReport:
 
 # --------------------------------------------------------------------------------------
 # Formatting
+
+
+def _wrap(text: str, **indents) -> list[str]:
+    """Wrap at ``_WIDTH`` columns without breaking short ``[...]`` or ``(...)`` groups."""
+    chars, opened = list(text), []
+    for i, char in enumerate(chars):
+        if char in "([":
+            opened.append(i)
+        elif char in ")]" and opened:
+            start = opened.pop()
+            if i - start <= 40:  # keep "[nan, 0]" and "(float64, overflow)" whole
+                chars[start:i] = [c if c != " " else "\0" for c in chars[start:i]]
+    text = re.sub(r"\b(\w{1,2}) \(", "\\1\0(", "".join(chars))  # "q (4, 8)" stays whole
+    lines = textwrap.wrap(text, _WIDTH, break_on_hyphens=False, **indents)
+    return [line.replace("\0", " ") for line in lines]
 
 
 def _number(v: float) -> str:
@@ -1264,19 +1279,20 @@ def _attention_candidates(q, k, v, mask) -> list[Candidate]:
     d, dv = q.shape[-1], v.shape[-1]
     found = [
         ("no scale", _attention_np(q, k, v, mask, 1.0),
-         f"That is attention without the scale: multiply the scores q @ k^T by "
-         f"1/sqrt(D) = 1/sqrt({d}), D the dimension of the queries and keys."),
+         "That is attention without the scale: multiply the scores q @ k^T by "
+         "1/sqrt(D), D the size of the last dimension of q and k."),
         ("1/D", _attention_np(q, k, v, mask, 1 / d),
-         f"You scaled the scores by 1/D = 1/{d}; the scale is 1/sqrt(D) = "
-         f"1/{_number(math.sqrt(d))}."),
+         "You scaled the scores by 1/D; the scale is 1/sqrt(D), D the size of the last "
+         "dimension of q and k."),
         ("queries", _attention_np(q, k, v, mask, axis=-2),
          "You normalized over the queries (dim=-2): each query's weights must sum to one "
          "over the keys, the last dimension of the scores (dim=-1)."),
     ]
     if dv != d:
         found.append(("1/sqrt(Dv)", _attention_np(q, k, v, mask, 1 / math.sqrt(dv)),
-                      f"You scaled by 1/sqrt({dv}), the values' dimension; the scale uses "
-                      f"the dimension of the queries and keys, 1/sqrt({d})."))
+                      "You scaled by the square root of the values' dimension; the scale "
+                      "uses the dimension of the queries and keys, 1/sqrt(D) with D = "
+                      "q.shape[-1]."))
     if mask is not None:
         found += [("polarity", _attention_np(q, k, v, ~mask), _POLARITY_HINT),
                   ("ignored", _attention_np(q, k, v), _IGNORED_HINT)]
@@ -1356,7 +1372,7 @@ def check_attention(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     With q (4, 8), k (6, 8), v (6, 5) (float64), no mask, row 3 of the result of
     your attention is [...]; expected [...]. That is attention without the scale:
-    multiply the scores q @ k^T by 1/sqrt(D) = 1/sqrt(8), ...
+    multiply the scores q @ k^T by 1/sqrt(D), D the size of the last dimension ...
     >>> def attention(q, k, v, mask=None):
     ...     return sb.scaled_dot_product_attention(q, k, v, mask=mask)
     >>> sb.checks.check_attention(attention).ok
