@@ -401,6 +401,19 @@ def test_correct_attentions_pass(fn):
     _assert_passes(checks.check_attention(fn))
 
 
+def test_attention_without_masks():
+    """Chapter 3's attention takes no mask: masks=False never passes one."""
+    def unmasked(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+    report = checks.check_attention(unmasked, masks=False)
+    _assert_passes(report)
+    assert report.checked[-1] == "not checked with masks=False: masks"
+    _assert_caught(checks.check_attention(unmasked), ["Accept the mask as a keyword"])
+    _assert_caught(checks.check_attention(attention_unscaled, masks=False),
+                   ["without the scale"])
+
+
 def test_numpy_attention():
     _assert_passes(checks.check_attention(attention_numpy, numpy=True))
 
@@ -947,6 +960,33 @@ def test_a_function_that_fails_only_on_some_inputs_gets_every_other_check():
     assert len(report.problems) == 1
     assert report.problems[0].startswith("With random scores of shape (3, 7) (float16), "
                                          "your softmax raised TypeError: no half for me.")
+
+
+@pytest.mark.parametrize("checker, fn", [
+    (checks.check_softmax, softmax_stable), (checks.check_log_softmax, log_softmax_stable),
+    (checks.check_masked_softmax, masked_correct), (checks.check_attention, attention_correct),
+    (checks.check_softmax_backward, backward_einsum), (checks.check_sparsemax, sparsemax_sort),
+    (checks.check_top_p_filter, top_p_chapter),
+    (checks.check_merge_attention_states, merge_correct),
+    (checks.check_attention_entropy, entropy_where)], ids=lambda v: v.__name__)
+def test_the_device_check_runs_when_asked(checker, fn, monkeypatch):
+    """On a CPU-only machine the device check runs only with an explicit device."""
+    calls = []
+    original = checks._Session.on_device
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.device)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(checks._Session, "on_device", counted)
+    _assert_passes(checker(fn, device="cpu"))
+    assert calls == [torch.device("cpu")]
+
+
+def test_a_result_on_another_device_is_a_problem():
+    report = checks.check_softmax(lambda x: torch.softmax(x, -1).to("meta"))
+    _assert_caught(report, ["given tensors on cpu, your softmax returned a tensor on meta",
+                            "do not move the result"])
 
 
 def test_not_callable_is_an_error_of_the_caller():

@@ -76,7 +76,7 @@ def synthetic_notebook():
             "```{solution} ex-b\nSECRET answer B.\n```\n\n"
             ":::{solution} ex-c\nSECRET answer C.\n:::\nText after the solutions."),
         _markdown(":::{exercise}\n:label: ex-d\nImplement `my_softmax`.\n:::"),
-        _code(SOLUTION_CELL, tags=["solution"], outputs=["SECRET output\n"]),
+        _code(SOLUTION_CELL, tags=["solution", "hide-input"], outputs=["SECRET output\n"]),
         _code("report = sb.checks.check_softmax(my_softmax)\nprint(report)",
               tags=["exercise"], outputs=["check_softmax(my_softmax): all checks passed"]),
         _code("custom stub SECRET", tags=["solution"],
@@ -131,6 +131,7 @@ def test_solution_cell_becomes_a_stub(converted):
     assert "raise NotImplementedError('write my_softmax')" in source
     assert "def helper(x):\n" in source and "answer =" not in source
     assert answer[0]["outputs"] == [] and answer[0]["execution_count"] is None
+    assert answer[0]["metadata"]["tags"] == ["answer"]  # no longer hidden
     namespace = {}
     exec(source, namespace)  # the stub is valid Python and raises when called
     with pytest.raises(NotImplementedError, match="write my_softmax"):

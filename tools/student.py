@@ -21,8 +21,10 @@ the cell's ``metadata.tags`` list):
   "implement it yourself" exercise: imports and function definitions. The
   student version keeps the imports and each function's signature and
   docstring, replaces its body with ``raise NotImplementedError``, clears the
-  outputs, and tags the cell ``answer`` (the cell the student edits). A cell
-  may give its own stub instead, as text in ``metadata.softmaxbook.stub``.
+  outputs, and tags the cell ``answer`` (the cell the student edits) instead
+  of ``solution`` (tags that hide the cell on the website, such as
+  ``hide-input``, are dropped). A cell may give its own stub instead, as text
+  in ``metadata.softmaxbook.stub``.
 - A code cell tagged ``exercise`` (typically the call of a checker,
   ``sb.checks.check_softmax(my_softmax)``) keeps its code and loses its
   outputs: the student runs it to see the feedback. Since a checker reports a
@@ -43,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION_TAG, EXERCISE_TAG, ANSWER_TAG = "solution", "exercise", "answer"
+HIDING_TAGS = ("hide-input", "hide-cell", "remove-input", "remove-cell")
 
 # An opening fence of a MyST directive (``:::{name}`` or ```` ```{name} ````) and its name.
 _OPEN = re.compile(r"^[ \t]*(?P<fence>:{3,}|`{3,})\{(?P<name>[\w-]+)\}")
@@ -166,7 +169,9 @@ def student_version(nb: dict) -> tuple[dict, dict]:
         if cell["cell_type"] == "code" and SOLUTION_TAG in tags:
             custom = cell.get("metadata", {}).get("softmaxbook", {}).get("stub")
             cell["source"] = _as_lines(custom if custom is not None else stub(source))
-            cell["metadata"]["tags"] = [ANSWER_TAG if t == SOLUTION_TAG else t for t in tags]
+            # The student edits this cell: it is no longer hidden on a page (hide-input).
+            cell["metadata"]["tags"] = [ANSWER_TAG if t == SOLUTION_TAG else t for t in tags
+                                        if t not in HIDING_TAGS]
             cell["metadata"].pop("softmaxbook", None)
             _clear(cell)
             counts["stubs"] += 1

@@ -266,7 +266,10 @@ class _Session:
         if not isinstance(numpy, bool):
             raise TypeError(f"numpy must be True or False, got {type(numpy).__name__}")
         self.fn, self.noun, self.numpy = fn, noun, numpy
+        # The device check runs on the accelerator; on a CPU-only machine it would
+        # repeat the float32 checks, so it runs there only when asked for.
         self.device = torch.device(device) if device is not None else get_device()
+        self.device_asked = device is not None
         self.stopped = False
         self.hints = list(hints) + _ERROR_HINTS  # (fragment of a message, hint)
         self._problems: dict = {}
@@ -325,7 +328,22 @@ class _Session:
             self._raised(label, error)
             return None
         self._check_unchanged(label, given, before)
-        return self._outputs(label, out, shapes, outputs, shape_hint)
+        result = self._outputs(label, out, shapes, outputs, shape_hint)
+        device = next((t.device for _, t in named if isinstance(t, Tensor)), None)
+        if result is None or self.numpy or device is None:
+            return result
+        for o in (result if outputs > 1 else [result]):
+            if o.device != device:
+                self._wrong_device(label, device, o.device)
+                return None
+        return result
+
+    def _wrong_device(self, label: str, want, got) -> None:
+        self.problem(("device",), label,
+                     f"With {label}, given tensors on {want}, {self.noun} returned a "
+                     f"tensor on {got}. Create new tensors on the input's device "
+                     f"(torch.zeros_like(x), x.new_full(...)), and do not move the "
+                     f"result (no .cpu(), .cuda() or .to(device)).")
 
     def _to_user(self, t):
         """What ``fn`` receives: a copy, so that an in-place change cannot leak into
@@ -563,8 +581,12 @@ class _Session:
     # -- devices -----------------------------------------------------------------------
 
     def on_device(self, label: str, args, kwargs=(), *, shapes, want, outputs: int = 1):
-        """Run on the accelerator, if there is one; check the device and the values."""
-        if self.numpy or self.device.type == "cpu":
+        """Run on the accelerator, if there is one; check the device and the values.
+
+        The values are compared at float16's tolerance: this check is about the
+        device, and an accelerator may compute float32 products in TF32.
+        """
+        if self.numpy or (self.device.type == "cpu" and not self.device_asked):
             return
         move = [(n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in args]
         kmove = [(n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in kwargs]
@@ -572,13 +594,7 @@ class _Session:
         if out is None:
             return
         for o, w in zip(out if outputs > 1 else [out], want if outputs > 1 else [want]):
-            if o.device.type != self.device.type:
-                self.problem(("device",), label,
-                             f"Given tensors on {self.device.type}, {self.noun} returned "
-                             f"a tensor on {o.device.type}. Create new tensors on the "
-                             f"input's device (torch.zeros_like(x), x.new_full(...)).")
-                return
-            self.values(label, o, w, F32)
+            self.values(label, o, w, F16)
 
 
 _DTYPE_HINT = ("Do not convert with .float() or .double(), and create new tensors with "
@@ -1331,8 +1347,8 @@ def _attention_case(session, label, q, k, v, mask=None, *, keyword=True) -> bool
     return True
 
 
-def check_attention(fn: Callable, *, numpy: bool = False, gradient: bool = True,
-                    device=None) -> CheckReport:
+def check_attention(fn: Callable, *, masks: bool = True, numpy: bool = False,
+                    gradient: bool = True, device=None) -> CheckReport:
     r"""Check a student's attention, ``fn(q, k, v, mask=None)`` returning the output.
 
     .. math:: \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{D}},\ \text{mask}\right) V
@@ -1352,6 +1368,10 @@ def check_attention(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     ----------
     fn : callable
         The student's function, ``fn(q, k, v, mask=None) -> out``.
+    masks : bool
+        Also check masks. With ``masks=False`` the function is only ever
+        called as ``fn(q, k, v)``, for attention written before masks are
+        taught (chapter 3 of the book).
     numpy : bool
         ``fn`` takes and returns NumPy arrays (no gradient or device check).
     gradient : bool
@@ -1389,14 +1409,15 @@ def check_attention(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     batched = "q (2, 3, 5, 16), k (2, 3, 7, 16), v (2, 3, 7, 4) (float64)"
     _attention_case(session, batched + ", no mask", qb, kb, vb, keyword=False)
     causal = torch.ones(5, 7, dtype=torch.bool).tril()
-    _attention_case(session, batched + ", a causal mask (5, 7)", qb, kb, vb, causal)
     padding = (torch.arange(7) < torch.tensor([7, 4])[:, None]).reshape(2, 1, 1, 7)
-    _attention_case(session, batched + ", a padding mask (2, 1, 1, 7) with lengths 7 "
-                    "and 4", qb, kb, vb, padding)
     empty = causal.clone()
     empty[3] = False
-    _attention_case(session, batched + ", a causal mask whose query 3 may attend to "
-                    "nothing", qb, kb, vb, empty)
+    if masks:
+        _attention_case(session, batched + ", a causal mask (5, 7)", qb, kb, vb, causal)
+        _attention_case(session, batched + ", a padding mask (2, 1, 1, 7) with lengths 7 "
+                        "and 4", qb, kb, vb, padding)
+        _attention_case(session, batched + ", a causal mask whose query 3 may attend to "
+                        "nothing", qb, kb, vb, empty)
     qo = torch.tensor([[50.0] * 4, [0.0] * 4], dtype=F64)
     ko = torch.tensor([[10.0] * 4, [0.0] * 4, [-10.0] * 4], dtype=F64)
     vo = _randn(g, 3, 2)
@@ -1410,21 +1431,23 @@ def check_attention(fn: Callable, *, numpy: bool = False, gradient: bool = True,
                       ("v", v32)], shapes=[(4, 5)], want=_attention_np(q32, k32, v32))
     if gradient and not session.numpy:
         grad_out = _randn(g, 2, 3, 5, 4)
+        mask = empty if masks else None
         want = torch.autograd.functional.vjp(
-            lambda a, b, c: _attention_t(a, b, c, empty), (qb, kb, vb), grad_out)[1]
-        session.gradient(batched + ", a causal mask whose query 3 may attend to nothing",
-                         [("q", qb), ("k", kb), ("v", vb)], [("mask", empty)],
+            lambda a, b, c: _attention_t(a, b, c, mask), (qb, kb, vb), grad_out)[1]
+        session.gradient(batched + (", a causal mask whose query 3 may attend to nothing"
+                                    if masks else ", no mask"),
+                         [("q", qb), ("k", kb), ("v", vb)], [("mask", mask)] if masks else [],
                          wrt={"q", "k", "v"}, shapes=[(2, 3, 5, 4)],
                          output_grads=[grad_out], want=dict(zip("qkv", want)),
-                         forward=_attention_np(qb, kb, vb, empty))
+                         forward=_attention_np(qb, kb, vb, mask))
     checked = ["values on (L, D) and (B, H, L, D) inputs with L != S and D != Dv",
-               "the 1/sqrt(D) scale", "the softmax over the keys",
-               "causal and padding masks (True = may attend)",
-               "a query with nothing to attend gives zeros", "overflow",
+               "the 1/sqrt(D) scale", "the softmax over the keys"] + (
+        ["causal and padding masks (True = may attend)",
+         "a query with nothing to attend gives zeros"] if masks else []) + ["overflow",
                f"the dtype kept ({_dtype_words(session)})", "the device kept",
                "the inputs not modified"] + (
         ["the gradients with respect to q, k and v"] if gradient and not session.numpy
-        else [])
+        else []) + ([] if masks else ["not checked with masks=False: masks"])
     return session.report("check_attention", checked)
 
 
