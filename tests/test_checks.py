@@ -7,6 +7,7 @@ a missing scale, a softmax backward without its sum term, a sparsemax threshold
 from unsorted scores, ... Each test names the fragment of the message that a
 student needs to read to fix that mistake.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -103,8 +104,15 @@ def softmax_no_grad(x):
 
 
 SOFTMAX_MISTAKES = [
-    (softmax_naive, ["With scores [1000, 0] (float64, overflow)", "returned [nan, 0]",
-                     "expected [1, 0]", "Subtract the row maximum before exp"]),
+    (
+        softmax_naive,
+        [
+            "With scores [1000, 0] (float64, overflow)",
+            "returned [nan, 0]",
+            "expected [1, 0]",
+            "Subtract the row maximum before exp",
+        ],
+    ),
     (softmax_dim0, ["That is the result along dim=0", "dim=-1"]),
     (softmax_dim1, ["shape (2, 3, 4, 5)", "That is the result along dim=1"]),
     (softmax_global_max, ["rows on different scales", "each row's own maximum"]),
@@ -118,26 +126,39 @@ SOFTMAX_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", SOFTMAX_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", SOFTMAX_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_softmax_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_softmax(fn), fragments)
 
 
-@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, dim=-1), softmax_stable,
-                                softmax_via_logsumexp, softmax_amax_divide, sb.softmax,
-                                sb.softmax_with_custom_backward,
-                                lambda x: torch.nn.functional.softmax(x, dim=-1)])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.softmax(x, dim=-1),
+        softmax_stable,
+        softmax_via_logsumexp,
+        softmax_amax_divide,
+        sb.softmax,
+        sb.softmax_with_custom_backward,
+        lambda x: torch.nn.functional.softmax(x, dim=-1),
+    ],
+)
 def test_correct_softmaxes_pass(fn):
     _assert_passes(checks.check_softmax(fn))
 
 
 def test_numpy_softmax():
     _assert_passes(checks.check_softmax(softmax_numpy, numpy=True))
-    report = checks.check_softmax(lambda x: np.exp(x) / np.exp(x).sum(-1, keepdims=True),
-                                  numpy=True)
+    report = checks.check_softmax(
+        lambda x: np.exp(x) / np.exp(x).sum(-1, keepdims=True), numpy=True
+    )
     _assert_caught(report, ["Subtract the row maximum"])
-    assert "not checked with numpy=True: the gradient and the device" in str(report) or \
-        not report.ok
+    assert (
+        "not checked with numpy=True: the gradient and the device" in str(report)
+        or not report.ok
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -183,14 +204,22 @@ LOG_SOFTMAX_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", LOG_SOFTMAX_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", LOG_SOFTMAX_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_log_softmax_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_log_softmax(fn), fragments)
 
 
-@pytest.mark.parametrize("fn", [lambda x: torch.log_softmax(x, dim=-1), log_softmax_stable,
-                                lambda x: x - torch.logsumexp(x, -1, keepdim=True),
-                                sb.log_softmax])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.log_softmax(x, dim=-1),
+        log_softmax_stable,
+        lambda x: x - torch.logsumexp(x, -1, keepdim=True),
+        sb.log_softmax,
+    ],
+)
 def test_correct_log_softmaxes_pass(fn):
     _assert_passes(checks.check_log_softmax(fn))
 
@@ -254,8 +283,10 @@ def masked_where_guard(scores, mask):
 def masked_where_guard_after_fill(scores, mask):
     # Harmless, unlike the above: masked_fill's backward zeroes the gradient of the
     # masked scores, so the nan of the unselected branch never reaches them.
-    e = torch.exp(scores.masked_fill(~mask, NEG_INF)
-                  - scores.masked_fill(~mask, NEG_INF).amax(dim=-1, keepdim=True))
+    e = torch.exp(
+        scores.masked_fill(~mask, NEG_INF)
+        - scores.masked_fill(~mask, NEG_INF).amax(dim=-1, keepdim=True)
+    )
     total = e.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, e / total, torch.zeros_like(e))
 
@@ -289,13 +320,23 @@ MASKED_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", MASKED_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", MASKED_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_masked_softmax_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_masked_softmax(fn), fragments)
 
 
-@pytest.mark.parametrize("fn", [masked_correct, masked_by_multiplying, sb.masked_softmax,
-                                masked_where_guard_after_fill, masked_nan_to_num])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        masked_correct,
+        masked_by_multiplying,
+        sb.masked_softmax,
+        masked_where_guard_after_fill,
+        masked_nan_to_num,
+    ],
+)
 def test_correct_masked_softmaxes_pass(fn):
     _assert_passes(checks.check_masked_softmax(fn))
 
@@ -319,8 +360,11 @@ def attention_torch(q, k, v, mask=None):
 
 def attention_einsum(q, k, v, mask=None):
     scores = torch.einsum("...ld,...sd->...ls", q * q.shape[-1] ** -0.5, k)
-    return torch.einsum("...ls,...sv->...lv", masked_correct(scores, mask)
-                        if mask is not None else torch.softmax(scores, -1), v)
+    return torch.einsum(
+        "...ls,...sv->...lv",
+        masked_correct(scores, mask) if mask is not None else torch.softmax(scores, -1),
+        v,
+    )
 
 
 def attention_numpy(q, k, v, mask=None):
@@ -377,7 +421,10 @@ def attention_naive_exp(q, k, v, mask=None):
 
 
 ATTENTION_MISTAKES = [
-    (attention_unscaled, ["without the scale", "multiply the scores q @ k^T by 1/sqrt(D)"]),
+    (
+        attention_unscaled,
+        ["without the scale", "multiply the scores q @ k^T by 1/sqrt(D)"],
+    ),
     (attention_scaled_by_d, ["You scaled the scores by 1/D; the scale is 1/sqrt(D)"]),
     (attention_scaled_by_dv, ["the values' dimension"]),
     (attention_over_queries, ["normalized over the queries (dim=-2)"]),
@@ -389,20 +436,29 @@ ATTENTION_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", ATTENTION_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", ATTENTION_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_attention_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_attention(fn), fragments)
 
 
-@pytest.mark.parametrize("fn", [attention_correct, attention_torch, attention_einsum,
-                                lambda q, k, v, mask=None:
-                                sb.scaled_dot_product_attention(q, k, v, mask=mask)])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        attention_correct,
+        attention_torch,
+        attention_einsum,
+        lambda q, k, v, mask=None: sb.scaled_dot_product_attention(q, k, v, mask=mask),
+    ],
+)
 def test_correct_attentions_pass(fn):
     _assert_passes(checks.check_attention(fn))
 
 
 def test_attention_without_masks():
     """Chapter 3's attention takes no mask: masks=False never passes one."""
+
     def unmasked(q, k, v):
         return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
 
@@ -410,8 +466,9 @@ def test_attention_without_masks():
     _assert_passes(report)
     assert report.checked[-1] == "not checked with masks=False: masks"
     _assert_caught(checks.check_attention(unmasked), ["Accept the mask as a keyword"])
-    _assert_caught(checks.check_attention(attention_unscaled, masks=False),
-                   ["without the scale"])
+    _assert_caught(
+        checks.check_attention(attention_unscaled, masks=False), ["without the scale"]
+    )
 
 
 def test_numpy_attention():
@@ -486,12 +543,16 @@ BACKWARD_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", BACKWARD_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", BACKWARD_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_softmax_backward_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_softmax_backward(fn), fragments)
 
 
-@pytest.mark.parametrize("fn", [sb.softmax_backward, backward_einsum, backward_jacobian_product])
+@pytest.mark.parametrize(
+    "fn", [sb.softmax_backward, backward_einsum, backward_jacobian_product]
+)
 def test_correct_softmax_backwards_pass(fn):
     _assert_passes(checks.check_softmax_backward(fn))
 
@@ -518,7 +579,7 @@ def sparsemax_sort(x, dim=-1):
 
 
 def sparsemax_bisection(x):
-    """tau by bisection on sum(max(x - tau, 0)) = 1, then the exact tau on the support."""
+    """tau by bisection on sum(max(x - tau, 0)) = 1, then exactly from the support."""
     lo = x.max(dim=-1, keepdim=True).values - 1
     hi = x.max(dim=-1, keepdim=True).values
     for _ in range(80):
@@ -583,7 +644,10 @@ def sparsemax_is_softmax(x):
 
 
 SPARSEMAX_MISTAKES = [
-    (sparsemax_unsorted, ["right when the scores come already sorted", "descending=True"]),
+    (
+        sparsemax_unsorted,
+        ["right when the scores come already sorted", "descending=True"],
+    ),
     (sparsemax_zero_based_k, ["support", "counting from 1"]),
     (sparsemax_no_clip, ["never negative", "max(x - tau, 0)"]),
     (sparsemax_epsilon, ["exactly 0", "do not add an epsilon"]),
@@ -592,7 +656,9 @@ SPARSEMAX_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", SPARSEMAX_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", SPARSEMAX_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_sparsemax_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_sparsemax(fn), fragments)
 
@@ -694,7 +760,9 @@ TOP_P_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", TOP_P_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", TOP_P_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_top_p_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_top_p_filter(fn), fragments)
 
@@ -711,7 +779,9 @@ def test_numpy_top_p():
 def test_top_p_inputs_stay_clear_of_the_boundary():
     """No cumulative mass of a checked row lies within float32 rounding of p."""
     for _, z, p in checks._top_p_inputs():
-        probs = torch.softmax(torch.sort(z.double(), dim=-1, descending=True).values, -1)
+        probs = torch.softmax(
+            torch.sort(z.double(), dim=-1, descending=True).values, -1
+        )
         before = probs.cumsum(-1) - probs
         assert float((before - p).abs().min()) > 1e-4
         rows = z.reshape(-1, z.shape[-1])
@@ -750,13 +820,16 @@ def merge_numpy(out_a, lse_a, out_b, lse_b):
 
 def merge_naive_exp(out_a, lse_a, out_b, lse_b):
     wa, wb = torch.exp(lse_a), torch.exp(lse_b)
-    return (wa[..., None] * out_a + wb[..., None] * out_b) / (wa + wb)[..., None], \
-        torch.log(wa + wb)
+    return (wa[..., None] * out_a + wb[..., None] * out_b) / (wa + wb)[
+        ..., None
+    ], torch.log(wa + wb)
 
 
 def merge_unnormalized(out_a, lse_a, out_b, lse_b):
-    return (lse_a.exp()[..., None] * out_a + lse_b.exp()[..., None] * out_b,
-            torch.logaddexp(lse_a, lse_b))
+    return (
+        lse_a.exp()[..., None] * out_a + lse_b.exp()[..., None] * out_b,
+        torch.logaddexp(lse_a, lse_b),
+    )
 
 
 def merge_average(out_a, lse_a, out_b, lse_b):
@@ -771,8 +844,9 @@ def merge_lse_max(out_a, lse_a, out_b, lse_b):
 def merge_unguarded(out_a, lse_a, out_b, lse_b):
     m = torch.maximum(lse_a, lse_b)
     wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
-    return (wa[..., None] * out_a + wb[..., None] * out_b) / (wa + wb)[..., None], \
-        m + torch.log(wa + wb)
+    return (wa[..., None] * out_a + wb[..., None] * out_b) / (wa + wb)[
+        ..., None
+    ], m + torch.log(wa + wb)
 
 
 def merge_in_place(out_a, lse_a, out_b, lse_b):
@@ -791,12 +865,16 @@ MERGE_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", MERGE_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", MERGE_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_merge_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_merge_attention_states(fn), fragments)
 
 
-@pytest.mark.parametrize("fn", [sb.merge_attention_states, merge_correct, merge_logaddexp])
+@pytest.mark.parametrize(
+    "fn", [sb.merge_attention_states, merge_correct, merge_logaddexp]
+)
 def test_correct_merges_pass(fn):
     _assert_passes(checks.check_merge_attention_states(fn))
 
@@ -872,7 +950,9 @@ ENTROPY_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("fn, fragments", ENTROPY_MISTAKES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragments", ENTROPY_MISTAKES, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_entropy_mistakes_are_caught(fn, fragments):
     _assert_caught(checks.check_attention_entropy(fn), fragments)
 
@@ -889,10 +969,17 @@ def test_numpy_entropy():
 # --------------------------------------------------------------------------------------
 # Broken functions never crash a checker
 
-ALL_CHECKERS = [checks.check_softmax, checks.check_log_softmax, checks.check_masked_softmax,
-                checks.check_attention, checks.check_softmax_backward, checks.check_sparsemax,
-                checks.check_top_p_filter, checks.check_merge_attention_states,
-                checks.check_attention_entropy]
+ALL_CHECKERS = [
+    checks.check_softmax,
+    checks.check_log_softmax,
+    checks.check_masked_softmax,
+    checks.check_attention,
+    checks.check_softmax_backward,
+    checks.check_sparsemax,
+    checks.check_top_p_filter,
+    checks.check_merge_attention_states,
+    checks.check_attention_entropy,
+]
 
 
 def _raises(*args, **kwargs):
@@ -926,8 +1013,11 @@ def _integer(*args, **kwargs):
 BROKEN = [
     (_raises, "raised ZeroDivisionError: division by zero"),
     (_returns_list, "returned a list; expected a floating-point torch.Tensor"),
-    (_returns_none, "returned None; expected a floating-point torch.Tensor: did you "
-                    "forget the return statement?"),
+    (
+        _returns_none,
+        "returned None; expected a floating-point torch.Tensor: did you "
+        "forget the return statement?",
+    ),
     (_wrong_shape, "returned shape"),
     (_not_implemented, "the stub still raises NotImplementedError"),
     (_returns_numpy, "stay in torch"),
@@ -936,18 +1026,24 @@ BROKEN = [
 
 
 @pytest.mark.parametrize("checker", ALL_CHECKERS, ids=lambda c: c.__name__)
-@pytest.mark.parametrize("fn, fragment", BROKEN, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "fn, fragment", BROKEN, ids=lambda v: getattr(v, "__name__", "")
+)
 def test_broken_functions_become_problems(checker, fn, fragment):
     report = checker(fn)
     assert not report.ok and not report
     text = " ".join(" ".join(report.problems).split())
-    if checker is checks.check_merge_attention_states and fn is not _raises \
-            and fn is not _not_implemented:
+    if (
+        checker is checks.check_merge_attention_states
+        and fn is not _raises
+        and fn is not _not_implemented
+    ):
         fragment = "return a pair (out, lse)"  # a single value where a pair is due
     assert fragment in text, text
     # the first input failed: the report says the rest did not run
-    assert report.problems[-1] == ("The other checks did not run: fix the problem "
-                                   "above first.")
+    assert report.problems[-1] == (
+        "The other checks did not run: fix the problem above first."
+    )
     assert report.problems[0].startswith("With ")
 
 
@@ -956,19 +1052,30 @@ def test_a_function_that_fails_only_on_some_inputs_gets_every_other_check():
         if x.dtype == torch.float16:
             raise TypeError("no half for me")
         return torch.softmax(x, dim=-1)
+
     report = checks.check_softmax(fails_on_half)
     assert len(report.problems) == 1
-    assert report.problems[0].startswith("With random scores of shape (3, 7) (float16), "
-                                         "your softmax raised TypeError: no half for me.")
+    assert report.problems[0].startswith(
+        "With random scores of shape (3, 7) (float16), "
+        "your softmax raised TypeError: no half for me."
+    )
 
 
-@pytest.mark.parametrize("checker, fn", [
-    (checks.check_softmax, softmax_stable), (checks.check_log_softmax, log_softmax_stable),
-    (checks.check_masked_softmax, masked_correct), (checks.check_attention, attention_correct),
-    (checks.check_softmax_backward, backward_einsum), (checks.check_sparsemax, sparsemax_sort),
-    (checks.check_top_p_filter, top_p_chapter),
-    (checks.check_merge_attention_states, merge_correct),
-    (checks.check_attention_entropy, entropy_where)], ids=lambda v: v.__name__)
+@pytest.mark.parametrize(
+    "checker, fn",
+    [
+        (checks.check_softmax, softmax_stable),
+        (checks.check_log_softmax, log_softmax_stable),
+        (checks.check_masked_softmax, masked_correct),
+        (checks.check_attention, attention_correct),
+        (checks.check_softmax_backward, backward_einsum),
+        (checks.check_sparsemax, sparsemax_sort),
+        (checks.check_top_p_filter, top_p_chapter),
+        (checks.check_merge_attention_states, merge_correct),
+        (checks.check_attention_entropy, entropy_where),
+    ],
+    ids=lambda v: v.__name__,
+)
 def test_the_device_check_runs_when_asked(checker, fn, monkeypatch):
     """On a CPU-only machine the device check runs only with an explicit device."""
     calls = []
@@ -985,8 +1092,13 @@ def test_the_device_check_runs_when_asked(checker, fn, monkeypatch):
 
 def test_a_result_on_another_device_is_a_problem():
     report = checks.check_softmax(lambda x: torch.softmax(x, -1).to("meta"))
-    _assert_caught(report, ["given tensors on cpu, your softmax returned a tensor on meta",
-                            "do not move the result"])
+    _assert_caught(
+        report,
+        [
+            "given tensors on cpu, your softmax returned a tensor on meta",
+            "do not move the result",
+        ],
+    )
 
 
 def test_not_callable_is_an_error_of_the_caller():
@@ -1009,7 +1121,9 @@ def test_report_api():
 
     bad = checks.check_softmax(softmax_naive)
     assert not bad.ok and not bool(bad)
-    assert str(bad).startswith("check_softmax(softmax_naive): 1 problem\n 1. With scores")
+    assert str(bad).startswith(
+        "check_softmax(softmax_naive): 1 problem\n 1. With scores"
+    )
     with pytest.raises(AssertionError) as raised:
         bad.raise_if_failed()
     assert str(raised.value) == str(bad)
@@ -1026,10 +1140,15 @@ def test_report_lines_fit_a_notebook():
 
 def test_the_instructors_guide_shows_todays_report():
     """The example report on the instructors' page is what the checker prints today."""
-    page = (Path(__file__).resolve().parents[1] / "chapters" / "instructors.md").read_text()
-    code, shown = re.search(r"```python\n(import torch\nimport softmaxbook as sb\n\n\n"
-                            r"def naive_softmax.*?)```\n\n```text\n(.*?)```", page,
-                            re.S).groups()
+    page = (
+        Path(__file__).resolve().parents[1] / "chapters" / "instructors.md"
+    ).read_text()
+    code, shown = re.search(
+        r"```python\n(import torch\nimport softmaxbook as sb\n\n\n"
+        r"def naive_softmax.*?)```\n\n```text\n(.*?)```",
+        page,
+        re.S,
+    ).groups()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(code, {})
@@ -1038,6 +1157,7 @@ def test_the_instructors_guide_shows_todays_report():
 
 def test_report_shows_readably_in_ipython():
     from IPython.lib.pretty import pretty
+
     report = checks.check_softmax(softmax_naive)
     assert pretty(report) == str(report)
 
@@ -1046,7 +1166,9 @@ def test_checkers_are_deterministic_and_leave_the_global_rng_alone():
     state = torch.get_rng_state()
     np_state = np.random.get_state()[1].copy()
     for fn in (softmax_naive, softmax_dim0, sparsemax_unsorted):
-        checker = checks.check_sparsemax if fn is sparsemax_unsorted else checks.check_softmax
+        checker = (
+            checks.check_sparsemax if fn is sparsemax_unsorted else checks.check_softmax
+        )
         first, second = checker(fn), checker(fn)
         assert first.problems == second.problems
     assert torch.equal(torch.get_rng_state(), state)

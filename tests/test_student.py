@@ -3,6 +3,7 @@
 On a synthetic notebook with every kind of solution the convention allows (each
 carrying the word SECRET), and on every real chapter.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,7 +34,9 @@ def _markdown(text, tags=()):
 
 def _code(text, tags=(), outputs=(), count=1, **metadata):
     cell = nbformat.v4.new_code_cell(text, execution_count=count)
-    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=o) for o in outputs]
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=o) for o in outputs
+    ]
     if tags:
         cell.metadata["tags"] = list(tags)
     cell.metadata.update(metadata)
@@ -62,11 +65,17 @@ answer = my_softmax(torch.zeros(3))  # SECRET
 def synthetic_notebook():
     """Every form of solution, each with the word SECRET, and things that must stay."""
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.cells = [
         _markdown("# A chapter\n\nWhat you will learn."),
-        _code("import torch\nimport softmaxbook as sb\nprint('setup')", outputs=["setup\n"]),
+        _code(
+            "import torch\nimport softmaxbook as sb\nprint('setup')",
+            outputs=["setup\n"],
+        ),
         _markdown(
             "## Exercises\n\n:::{exercise}\n:label: ex-a\nDo A.\n:::\n\n"
             "::::{solution} ex-a\n:class: dropdown\nSECRET answer A.\n\n"
@@ -74,15 +83,26 @@ def synthetic_notebook():
             "::::\n\n"
             ":::{exercise}\n:label: ex-b\nDo B.\n:::\n\n"
             "```{solution} ex-b\nSECRET answer B.\n```\n\n"
-            ":::{solution} ex-c\nSECRET answer C.\n:::\nText after the solutions."),
+            ":::{solution} ex-c\nSECRET answer C.\n:::\nText after the solutions."
+        ),
         _markdown(":::{exercise}\n:label: ex-d\nImplement `my_softmax`.\n:::"),
-        _code(SOLUTION_CELL, tags=["solution", "hide-input"], outputs=["SECRET output\n"]),
-        _code("report = sb.checks.check_softmax(my_softmax)\nprint(report)",
-              tags=["exercise"], outputs=["check_softmax(my_softmax): all checks passed"]),
-        _code("custom stub SECRET", tags=["solution"],
-              softmaxbook={"stub": "def f(x):\n    ...  # your turn\n"}),
+        _code(
+            SOLUTION_CELL, tags=["solution", "hide-input"], outputs=["SECRET output\n"]
+        ),
+        _code(
+            "report = sb.checks.check_softmax(my_softmax)\nprint(report)",
+            tags=["exercise"],
+            outputs=["check_softmax(my_softmax): all checks passed"],
+        ),
+        _code(
+            "custom stub SECRET",
+            tags=["solution"],
+            softmaxbook={"stub": "def f(x):\n    ...  # your turn\n"},
+        ),
         _markdown("SECRET in a whole markdown cell", tags=["solution"]),
-        _markdown("Before the gate.\n\n```{solution-start} ex-d\n```\nSECRET gated text"),
+        _markdown(
+            "Before the gate.\n\n```{solution-start} ex-d\n```\nSECRET gated text"
+        ),
         _code("print('SECRET gated code')", outputs=["SECRET\n"]),
         _markdown("SECRET gated markdown"),
         _markdown("SECRET last gated line\n```{solution-end}\n```\nAfter the gate."),
@@ -112,8 +132,11 @@ def test_everything_else_stays(converted):
     assert sources[0] == "# A chapter\n\nWhat you will learn."
     assert out["cells"][1] == original["cells"][1]  # code and outputs untouched
     exercises = sources[2]
-    for kept in (":::{exercise}\n:label: ex-a\nDo A.\n:::", ":label: ex-b",
-                 "Text after the solutions."):
+    for kept in (
+        ":::{exercise}\n:label: ex-a\nDo A.\n:::",
+        ":label: ex-b",
+        "Text after the solutions.",
+    ):
         assert kept in exercises
     assert "Before the gate." in sources and "After the gate." in sources
     assert out["cells"][-1] == original["cells"][-1]
@@ -126,8 +149,10 @@ def test_solution_cell_becomes_a_stub(converted):
     answer = [c for c in out["cells"] if "answer" in c["metadata"].get("tags", [])]
     assert len(answer) == 2
     source = "".join(answer[0]["source"])
-    assert source.startswith("import torch\n\n\n@torch.no_grad()\ndef my_softmax(\n    x,\n):\n"
-                             '    """Softmax along the last dimension."""\n')
+    assert source.startswith(
+        "import torch\n\n\n@torch.no_grad()\ndef my_softmax(\n    x,\n):\n"
+        '    """Softmax along the last dimension."""\n'
+    )
     assert "raise NotImplementedError('write my_softmax')" in source
     assert "def helper(x):\n" in source and "answer =" not in source
     assert answer[0]["outputs"] == [] and answer[0]["execution_count"] is None
@@ -155,11 +180,14 @@ def test_the_input_notebook_is_not_modified():
     assert nb == before
 
 
-@pytest.mark.parametrize("text", [
-    "::::{solution} x\nunclosed SECRET",
-    "````{solution} x\n```python\nSECRET\n```\n````",
-    "  :::{solution}\n  SECRET\n  :::",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "::::{solution} x\nunclosed SECRET",
+        "````{solution} x\n```python\nSECRET\n```\n````",
+        "  :::{solution}\n  SECRET\n  :::",
+    ],
+)
 def test_odd_fences(text):
     out, removed, gated = student.strip_solutions("before\n" + text + "\nafter")
     assert "SECRET" not in out and removed == 1 and not gated
@@ -174,7 +202,9 @@ def test_every_chapter(chapter, tmp_path):
     nbformat.validate(nbformat.from_dict(out))
 
     def markdown(nb):
-        return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        return "\n".join(
+            "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"
+        )
 
     n_solutions = len(re.findall(r"\{solution\}", markdown(original)))
     assert n_solutions >= 5 and counts["solutions"] == n_solutions
@@ -204,7 +234,9 @@ def test_every_chapter(chapter, tmp_path):
 def _solution_blocks(text):
     """Solution blocks found independently of the tool: fence to matching fence."""
     blocks = []
-    for match in re.finditer(r"^(:{3,}|`{3,})\{solution\}.*?^\1[ \t]*$", text, re.S | re.M):
+    for match in re.finditer(
+        r"^(:{3,}|`{3,})\{solution\}.*?^\1[ \t]*$", text, re.S | re.M
+    ):
         blocks.append(match.group(0))
     return blocks
 
@@ -232,16 +264,28 @@ def _solution_only_cells(nb):
 
 def test_command_line(tmp_path):
     chapter = CHAPTERS[0]
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "student.py"), "--out",
-                             str(tmp_path), str(chapter)], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "student.py"),
+            "--out",
+            str(tmp_path),
+            str(chapter),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert (tmp_path / chapter.name).exists()
-    assert f"{chapter.name} -> " in result.stdout and "solution(s) removed" in result.stdout
+    assert (
+        f"{chapter.name} -> " in result.stdout
+        and "solution(s) removed" in result.stdout
+    )
 
 
 @pytest.mark.slow
 def test_student_notebooks_run_top_to_bottom(tmp_path):
-    """The synthetic notebook (a stub and its checker) and chapter 1 run without error."""
+    """The synthetic notebook (a stub, its checker) and chapter 1 run without error."""
     from nbclient import NotebookClient
 
     nb = json.loads(nbformat.writes(synthetic_notebook()))
@@ -251,10 +295,18 @@ def test_student_notebooks_run_top_to_bottom(tmp_path):
     for source in (path, ROOT / "chapters" / "01_definition.ipynb"):
         target, _ = student.write_student_notebook(source, tmp_path / "student")
         notebook = nbformat.read(target, as_version=4)
-        NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+        NotebookClient(
+            notebook,
+            timeout=600,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(tmp_path)}},
+        ).execute()
         if source == path:
-            feedback = [c for c in notebook.cells if "exercise" in c.metadata.get("tags", [])]
-            text = " ".join("".join(o.get("text", "") for o in feedback[0].outputs).split())
+            feedback = [
+                c for c in notebook.cells if "exercise" in c.metadata.get("tags", [])
+            ]
+            text = " ".join(
+                "".join(o.get("text", "") for o in feedback[0].outputs).split()
+            )
             assert "check_softmax(my_softmax): 2 problems" in text
             assert "the stub still raises NotImplementedError" in text

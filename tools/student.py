@@ -33,6 +33,7 @@ the cell's ``metadata.tags`` list):
 
 Only the standard library and ``nbformat`` (to validate the result) are used.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,23 +48,26 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTION_TAG, EXERCISE_TAG, ANSWER_TAG = "solution", "exercise", "answer"
 HIDING_TAGS = ("hide-input", "hide-cell", "remove-input", "remove-cell")
 
-# An opening fence of a MyST directive (``:::{name}`` or ```` ```{name} ````) and its name.
+# The opening fence of a MyST directive, ``:::{name}`` or ```` ```{name} ````.
 _OPEN = re.compile(r"^[ \t]*(?P<fence>:{3,}|`{3,})\{(?P<name>[\w-]+)\}")
 
 
 def _closes(line: str, fence: str) -> bool:
-    """A line that closes a fence: the same character, at least as many, nothing else."""
+    """A line closing a fence: the same character, at least as many, nothing else."""
     stripped = line.strip()
     return len(stripped) >= len(fence) and set(stripped) == {fence[0]}
 
 
 def _end_of_block(lines: list[str], start: int, fence: str) -> int:
-    """Index of the line that closes the block opened at ``start`` (or the last line)."""
+    """Index of the line closing the block opened at ``start`` (or the last line)."""
     depth_fences = [fence]
     for i in range(start + 1, len(lines)):
         opened = _OPEN.match(lines[i])
-        if opened and opened["fence"][0] == fence[0] and len(opened["fence"]) < len(
-                depth_fences[-1]):
+        if (
+            opened
+            and opened["fence"][0] == fence[0]
+            and len(opened["fence"]) < len(depth_fences[-1])
+        ):
             depth_fences.append(opened["fence"])  # a nested directive of the same kind
         elif _closes(lines[i], depth_fences[-1]):
             depth_fences.pop()
@@ -131,29 +135,37 @@ def stub(source: str) -> str:
 def _function_stub(node, lines: list[str]) -> str:
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])
     body = node.body
-    has_doc = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-               and isinstance(body[0].value.value, str))
+    has_doc = (
+        isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    )
     indent = " " * (body[0].col_offset if body[0].lineno > node.lineno else 4)
     if body[0].lineno > node.lineno:
         last = body[0].end_lineno if has_doc else body[0].lineno - 1
-        header = "\n".join(lines[first - 1:last])
+        header = "\n".join(lines[first - 1 : last])
     else:  # a one-line def: rebuild its signature
         bare = copy.copy(node)
         bare.body = [ast.Pass()]
         header = ast.unparse(bare).rsplit("\n", 1)[0]
-    return (f"{header}\n{indent}# Your code here: replace the next line.\n"
-            f"{indent}raise NotImplementedError({('write ' + node.name)!r})")
+    return (
+        f"{header}\n{indent}# Your code here: replace the next line.\n"
+        f"{indent}raise NotImplementedError({('write ' + node.name)!r})"
+    )
 
 
 def student_version(nb: dict) -> tuple[dict, dict]:
-    """The student version of a notebook (a dict, as ``json.load`` gives), and counts."""
+    """The student version of a notebook (a dict from ``json.load``), and counts."""
     nb = copy.deepcopy(nb)
     counts = {"solutions": 0, "stubs": 0, "cleared": 0}
     cells, gated = [], False
     for cell in nb["cells"]:
         tags = cell.get("metadata", {}).get("tags", [])
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) \
+        source = (
+            "".join(cell["source"])
+            if isinstance(cell["source"], list)
             else cell["source"]
+        )
         if cell["cell_type"] == "markdown":
             if SOLUTION_TAG in tags:
                 counts["solutions"] += 1
@@ -169,9 +181,12 @@ def student_version(nb: dict) -> tuple[dict, dict]:
         if cell["cell_type"] == "code" and SOLUTION_TAG in tags:
             custom = cell.get("metadata", {}).get("softmaxbook", {}).get("stub")
             cell["source"] = _as_lines(custom if custom is not None else stub(source))
-            # The student edits this cell: it is no longer hidden on a page (hide-input).
-            cell["metadata"]["tags"] = [ANSWER_TAG if t == SOLUTION_TAG else t for t in tags
-                                        if t not in HIDING_TAGS]
+            # The student edits this cell: it is no longer hidden on a page.
+            cell["metadata"]["tags"] = [
+                ANSWER_TAG if t == SOLUTION_TAG else t
+                for t in tags
+                if t not in HIDING_TAGS
+            ]
             cell["metadata"].pop("softmaxbook", None)
             _clear(cell)
             counts["stubs"] += 1
@@ -194,14 +209,15 @@ def _clear(cell: dict) -> None:
 
 
 def write_student_notebook(path: Path, out_dir: Path) -> tuple[Path, dict]:
-    """Read ``path``, write its student version to ``out_dir``; return the path, counts."""
+    """Write the student version of ``path`` to ``out_dir``; return its path, counts."""
     nb = json.loads(path.read_text(encoding="utf-8"))
     student, counts = student_version(nb)
     _validate(student, path)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / path.name
-    target.write_text(json.dumps(student, indent=1, ensure_ascii=False) + "\n",
-                      encoding="utf-8")
+    target.write_text(
+        json.dumps(student, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     return target, counts
 
 
@@ -211,27 +227,39 @@ def _validate(nb: dict, path: Path) -> None:
     nbformat.validate(nbformat.from_dict(nb))
     for index, cell in enumerate(nb["cells"]):
         text = "".join(cell["source"])
-        if re.search(r"\{solution(-start|-end)?\}", text) or \
-                SOLUTION_TAG in cell.get("metadata", {}).get("tags", []):
-            raise ValueError(f"{path}: cell {index} of the student version still holds a "
-                             f"solution")
+        if re.search(r"\{solution(-start|-end)?\}", text) or SOLUTION_TAG in cell.get(
+            "metadata", {}
+        ).get("tags", []):
+            raise ValueError(
+                f"{path}: cell {index} of the student version still holds a solution"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to convert (default: chapters/*.ipynb)")
-    parser.add_argument("--out", type=Path, default=ROOT / "_build" / "student",
-                        help="where to write them (default: _build/student)")
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        type=Path,
+        help="notebooks to convert (default: chapters/*.ipynb)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "_build" / "student",
+        help="where to write them (default: _build/student)",
+    )
     args = parser.parse_args(argv)
     notebooks = args.notebooks or sorted((ROOT / "chapters").glob("*.ipynb"))
     if not notebooks:
         parser.error("no notebooks found")
     for path in notebooks:
         target, counts = write_student_notebook(path, args.out)
-        print(f"{path.name} -> {target}: {counts['solutions']} solution(s) removed, "
-              f"{counts['stubs']} answer cell(s), {counts['cleared']} exercise "
-              f"output(s) cleared")
+        print(
+            f"{path.name} -> {target}: {counts['solutions']} solution(s) removed, "
+            f"{counts['stubs']} answer cell(s), {counts['cleared']} exercise "
+            f"output(s) cleared"
+        )
     return 0
 
 

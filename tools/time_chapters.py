@@ -10,6 +10,7 @@ never touched, and prints the machine (CPU model, cores, torch threads) and
 the wall-clock time of each run, kernel start included. With ``--repeat`` it
 keeps the fastest of N runs, the least disturbed by other work on the machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,30 @@ def machine() -> str:
                 break
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{model}; {cores} logical cores available; torch {torch.__version__} with "
-            f"{torch.get_num_threads()} threads; Python {platform.python_version()}")
+    cores = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count()
+    )
+    return (
+        f"{model}; {cores} logical cores available; torch {torch.__version__} with "
+        f"{torch.get_num_threads()} threads; Python {platform.python_version()}"
+    )
 
 
 def run_once(notebook: Path, out_dir: Path) -> float:
     jupyter = Path(sys.executable).with_name("jupyter")
-    command = [str(jupyter) if jupyter.exists() else "jupyter", "nbconvert", "--to",
-               "notebook", "--execute", "--ExecutePreprocessor.timeout=600",
-               "--output-dir", str(out_dir), str(notebook)]
+    command = [
+        str(jupyter) if jupyter.exists() else "jupyter",
+        "nbconvert",
+        "--to",
+        "notebook",
+        "--execute",
+        "--ExecutePreprocessor.timeout=600",
+        "--output-dir",
+        str(out_dir),
+        str(notebook),
+    ]
     start = time.perf_counter()
     subprocess.run(command, cwd=notebook.parent, check=True, capture_output=True)
     return time.perf_counter() - start

@@ -39,14 +39,15 @@ Conventions, those of the library:
 For an autograder, ``check_softmax(fn).raise_if_failed()`` raises an
 ``AssertionError`` listing every problem, which pytest shows as the failure.
 """
+
 from __future__ import annotations
 
 import math
 import re
 import textwrap
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -129,16 +130,21 @@ class CheckReport:
         head = f"{self.checker}({self.function}): "
         if self.ok:
             lines = [head + "all checks passed."]
-            lines += _wrap("Checked: " + "; ".join(self.checked) + ".",
-                           subsequent_indent="  ")
+            lines += _wrap(
+                "Checked: " + "; ".join(self.checked) + ".", subsequent_indent="  "
+            )
             return "\n".join(lines)
         count = len(self.problems)
         lines = [head + f"{count} problem{'s' if count > 1 else ''}"]
         for number, problem in enumerate(self.problems, 1):
-            lines += _wrap(problem, initial_indent=f"{number:>2}. ", subsequent_indent="    ")
+            lines += _wrap(
+                problem, initial_indent=f"{number:>2}. ", subsequent_indent="    "
+            )
         return "\n".join(lines)
 
-    def _repr_pretty_(self, printer, cycle) -> None:  # IPython shows str(), not the fields
+    def _repr_pretty_(
+        self, printer, cycle
+    ) -> None:  # IPython shows str(), not the fields
         printer.text(str(self))
 
     def raise_if_failed(self) -> None:
@@ -152,7 +158,7 @@ class CheckReport:
 
 
 def _wrap(text: str, **indents) -> list[str]:
-    """Wrap at ``_WIDTH`` columns without breaking short ``[...]`` or ``(...)`` groups."""
+    """Wrap at ``_WIDTH`` columns; short ``[...]`` and ``(...)`` groups stay whole."""
     chars, opened = list(text), []
     for i, char in enumerate(chars):
         if char in "([":
@@ -202,31 +208,63 @@ def _function_name(fn) -> str:
 
 # Hints for exceptions, by a fragment of the message: what a student can change.
 _ERROR_HINTS = [
-    ("without overflow", "A fill value like -1e9 does not fit in float16 (its largest "
-     "number is 65504): fill with float('-inf'), or torch.finfo(dtype).min."),
-    ("in-place", "Avoid in-place operations (x -= m, x.exp_(), x[mask] = ...) on "
-     "tensors autograd needs: write x = x - m."),
-    ("inplace", "Avoid in-place operations (x -= m, x.exp_(), x[mask] = ...) on "
-     "tensors autograd needs: write x = x - m."),
-    ("unexpected keyword argument 'mask'", "Accept the mask as a keyword argument: "
-     "def attention(q, k, v, mask=None)."),
-    ("must match the size", "Check the shapes: a row's sum or maximum needs "
-     "keepdim=True to broadcast against the row."),
-    ("Expected size for first two dimensions of batch2", "Check the shapes: the scores "
-     "are q @ k.transpose(-2, -1), of shape (..., L, S), and the output is "
-     "weights @ v."),
-    ("cannot be multiplied", "Check the shapes: the scores are q @ k.transpose(-2, -1), "
-     "of shape (..., L, S), and the output is weights @ v."),
-    ("could not be broadcast", "Check the shapes: reduce with keepdims=True so that the "
-     "row sums broadcast against the rows."),
+    (
+        "without overflow",
+        "A fill value like -1e9 does not fit in float16 (its largest "
+        "number is 65504): fill with float('-inf'), or torch.finfo(dtype).min.",
+    ),
+    (
+        "in-place",
+        "Avoid in-place operations (x -= m, x.exp_(), x[mask] = ...) on "
+        "tensors autograd needs: write x = x - m.",
+    ),
+    (
+        "inplace",
+        "Avoid in-place operations (x -= m, x.exp_(), x[mask] = ...) on "
+        "tensors autograd needs: write x = x - m.",
+    ),
+    (
+        "unexpected keyword argument 'mask'",
+        "Accept the mask as a keyword argument: def attention(q, k, v, mask=None).",
+    ),
+    (
+        "must match the size",
+        "Check the shapes: a row's sum or maximum needs "
+        "keepdim=True to broadcast against the row.",
+    ),
+    (
+        "Expected size for first two dimensions of batch2",
+        "Check the shapes: the scores "
+        "are q @ k.transpose(-2, -1), of shape (..., L, S), and the output is "
+        "weights @ v.",
+    ),
+    (
+        "cannot be multiplied",
+        "Check the shapes: the scores are q @ k.transpose(-2, -1), "
+        "of shape (..., L, S), and the output is weights @ v.",
+    ),
+    (
+        "could not be broadcast",
+        "Check the shapes: reduce with keepdims=True so that the "
+        "row sums broadcast against the rows.",
+    ),
     ("unsupported ScalarType", "NumPy has no bfloat16: stay in torch operations."),
     ("numpy()", "Stay in torch: .numpy() leaves autograd; use torch operations."),
-    ("same device", "Create new tensors on the input's device, e.g. with "
-     "torch.zeros_like(x) or x.new_full(...)."),
-    ("expected scalar type", "Keep one dtype: create new tensors with the input's "
-     "dtype (torch.zeros_like(x), x.new_tensor(...))."),
-    ("same dtype", "Keep one dtype: create new tensors with the input's dtype "
-     "(torch.zeros_like(x), x.new_tensor(...))."),
+    (
+        "same device",
+        "Create new tensors on the input's device, e.g. with "
+        "torch.zeros_like(x) or x.new_full(...).",
+    ),
+    (
+        "expected scalar type",
+        "Keep one dtype: create new tensors with the input's "
+        "dtype (torch.zeros_like(x), x.new_tensor(...)).",
+    ),
+    (
+        "same dtype",
+        "Keep one dtype: create new tensors with the input's dtype "
+        "(torch.zeros_like(x), x.new_tensor(...)).",
+    ),
 ]
 
 
@@ -240,7 +278,9 @@ def _error_hint(error: Exception, hints=_ERROR_HINTS) -> str:
     return ""
 
 
-def _close(got: Tensor, want: Tensor, atol: float, rtol: float, nan: bool = False) -> Tensor:
+def _close(
+    got: Tensor, want: Tensor, atol: float, rtol: float, nan: bool = False
+) -> Tensor:
     return torch.isclose(got, want, atol=atol, rtol=rtol, equal_nan=nan)
 
 
@@ -258,11 +298,14 @@ class _Session:
     mistake) are merged into one message that lists every input showing it.
     """
 
-    def __init__(self, fn, noun: str, *, numpy: bool = False, device=None,
-                 hints: tuple = ()):
+    def __init__(
+        self, fn, noun: str, *, numpy: bool = False, device=None, hints: tuple = ()
+    ):
         if not callable(fn):
-            raise TypeError(f"fn must be a callable (the function to check), "
-                            f"got {type(fn).__name__}")
+            raise TypeError(
+                f"fn must be a callable (the function to check), "
+                f"got {type(fn).__name__}"
+            )
         if not isinstance(numpy, bool):
             raise TypeError(f"numpy must be True or False, got {type(numpy).__name__}")
         self.fn, self.noun, self.numpy = fn, noun, numpy
@@ -284,8 +327,12 @@ class _Session:
         else:
             self._problems[key] = (message, label, [])
 
-    def report(self, checker: str, checked: list[str],
-               skipped: str = "the gradient and the device") -> CheckReport:
+    def report(
+        self,
+        checker: str,
+        checked: list[str],
+        skipped: str = "the gradient and the device",
+    ) -> CheckReport:
         problems = []
         for message, _, also in self._problems.values():
             if also:
@@ -296,7 +343,9 @@ class _Session:
                 message += f" The same problem with {shown}."
             problems.append(message)
         if self.stopped:
-            problems.append("The other checks did not run: fix the problem above first.")
+            problems.append(
+                "The other checks did not run: fix the problem above first."
+            )
         if self.numpy:
             checked = [c for c in checked if c != "the device kept"]
             checked.append(f"not checked with numpy=True: {skipped}")
@@ -308,8 +357,16 @@ class _Session:
 
     # -- calling -----------------------------------------------------------------------
 
-    def call(self, label: str, args, kwargs=(), *, shapes, outputs: int = 1,
-             shape_hint: Callable[[tuple], str] | None = None):
+    def call(
+        self,
+        label: str,
+        args,
+        kwargs=(),
+        *,
+        shapes,
+        outputs: int = 1,
+        shape_hint: Callable[[tuple], str] | None = None,
+    ):
         """``fn(*args, **kwargs)``, checked; the output(s) as tensors, or None.
 
         ``args`` and ``kwargs`` are sequences of ``(name, tensor)``; ``shapes``
@@ -318,12 +375,15 @@ class _Session:
         """
         named = list(args) + list(kwargs)
         given = {name: self._to_user(t) for name, t in named}
-        before = {name: t.detach().clone() for name, t in named if isinstance(t, Tensor)}
+        before = {
+            name: t.detach().clone() for name, t in named if isinstance(t, Tensor)
+        }
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                out = self.fn(*[given[n] for n, _ in args],
-                              **{n: given[n] for n, _ in kwargs})
+                out = self.fn(
+                    *[given[n] for n, _ in args], **{n: given[n] for n, _ in kwargs}
+                )
         except Exception as error:  # the student's code may raise anything
             self._raised(label, error)
             return None
@@ -332,18 +392,21 @@ class _Session:
         device = next((t.device for _, t in named if isinstance(t, Tensor)), None)
         if result is None or self.numpy or device is None:
             return result
-        for o in (result if outputs > 1 else [result]):
+        for o in result if outputs > 1 else [result]:
             if o.device != device:
                 self._wrong_device(label, device, o.device)
                 return None
         return result
 
     def _wrong_device(self, label: str, want, got) -> None:
-        self.problem(("device",), label,
-                     f"With {label}, given tensors on {want}, {self.noun} returned a "
-                     f"tensor on {got}. Create new tensors on the input's device "
-                     f"(torch.zeros_like(x), x.new_full(...)), and do not move the "
-                     f"result (no .cpu(), .cuda() or .to(device)).")
+        self.problem(
+            ("device",),
+            label,
+            f"With {label}, given tensors on {want}, {self.noun} returned a "
+            f"tensor on {got}. Create new tensors on the input's device "
+            f"(torch.zeros_like(x), x.new_full(...)), and do not move the "
+            f"result (no .cpu(), .cuda() or .to(device)).",
+        )
 
     def _to_user(self, t):
         """What ``fn`` receives: a copy, so that an in-place change cannot leak into
@@ -360,7 +423,9 @@ class _Session:
         text = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         name = type(error).__name__
         hint = _error_hint(error, self.hints)
-        message = f"With {label}, {self.noun} raised {name}" + (f": {text}" if text else "")
+        message = f"With {label}, {self.noun} raised {name}" + (
+            f": {text}" if text else ""
+        )
         message = message.rstrip(".") + "." + (f" {hint}" if hint else "")
         self.problem(("raised", name, hint or text), label, message)
 
@@ -371,21 +436,27 @@ class _Session:
             if new.shape == old.shape and torch.equal(new.cpu(), old.cpu()):
                 continue
             self.problem(
-                ("in place", name), label,
+                ("in place", name),
+                label,
                 f"With {label}, {self.noun} changed its argument {name} in place: it "
-                f"held {_fmt(old)} before the call and {_fmt(new)} after. Work on a new "
-                f"tensor: write x = x - m rather than x -= m, and use masked_fill rather "
-                f"than masked_fill_ or x[mask] = value.")
+                f"held {_fmt(old)} before the call and {_fmt(new)} after. Work on a "
+                "new tensor: write x = x - m rather than x -= m, and use "
+                "masked_fill rather than masked_fill_ or x[mask] = value.",
+            )
 
     def _outputs(self, label: str, out, shapes, outputs: int, shape_hint):
         if outputs == 1:
             results = [self._tensor(label, out)]
         elif not isinstance(out, (tuple, list)) or len(out) != outputs:
             got = f"a {type(out).__name__}" + (
-                f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
-            self.problem(("type", "tuple"), label,
-                         f"With {label}, {self.noun} returned {got}; return a pair "
-                         f"(out, lse) of {self._kind()}s.")
+                f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""
+            )
+            self.problem(
+                ("type", "tuple"),
+                label,
+                f"With {label}, {self.noun} returned {got}; return a pair "
+                f"(out, lse) of {self._kind()}s.",
+            )
             return None
         else:
             results = [self._tensor(label, o) for o in out]
@@ -393,11 +464,15 @@ class _Session:
             return None
         for result, shape in zip(results, shapes):
             if tuple(result.shape) != tuple(shape):
-                self.problem(("shape", tuple(result.shape)), label,
-                             f"With {label}, {self.noun} returned shape "
-                             f"{_shape(result)}; expected {tuple(shape)}."
-                             + (shape_hint or self._shape_hint)(tuple(result.shape),
-                                                                tuple(shape)))
+                self.problem(
+                    ("shape", tuple(result.shape)),
+                    label,
+                    f"With {label}, {self.noun} returned shape "
+                    f"{_shape(result)}; expected {tuple(shape)}."
+                    + (shape_hint or self._shape_hint)(
+                        tuple(result.shape), tuple(shape)
+                    ),
+                )
                 return None
         return results[0] if outputs == 1 else results
 
@@ -405,8 +480,11 @@ class _Session:
         return "NumPy array" if self.numpy else "torch.Tensor"
 
     def _tensor(self, label: str, out):
-        if self.numpy and isinstance(out, (np.ndarray, np.generic)) \
-                and np.issubdtype(np.asarray(out).dtype, np.floating):
+        if (
+            self.numpy
+            and isinstance(out, (np.ndarray, np.generic))
+            and np.issubdtype(np.asarray(out).dtype, np.floating)
+        ):
             return torch.from_numpy(np.array(out))
         if not self.numpy and isinstance(out, Tensor) and out.is_floating_point():
             return out
@@ -419,25 +497,32 @@ class _Session:
             "float": "do not call .item() or float(): keep the result a tensor",
             "NoneType": "did you forget the return statement?",
             "tuple": "return only the result (torch.max returns a (values, indices) "
-                     "pair: use .values)",
+            "pair: use .values)",
         }.get(type(out).__name__, "")
         if isinstance(out, np.ndarray) and not self.numpy:
             hint = "stay in torch (or check a NumPy function with numpy=True)"
         if isinstance(out, Tensor) and self.numpy:
             hint = "return a NumPy array (or check a torch function with numpy=False)"
         ending = (f": {hint}" + ("" if hint.endswith("?") else ".")) if hint else "."
-        self.problem(("type", kind), label,
-                     f"With {label}, {self.noun} returned {kind}; expected a "
-                     f"floating-point {self._kind()}{ending}")
+        self.problem(
+            ("type", kind),
+            label,
+            f"With {label}, {self.noun} returned {kind}; expected a "
+            f"floating-point {self._kind()}{ending}",
+        )
         return None
 
     def _shape_hint(self, got: tuple, want: tuple) -> str:
         if got == want[:-1]:
-            return (" You reduced over the last dimension: the result keeps one entry "
-                    "per score (use keepdim=True in the sums you divide by).")
+            return (
+                " You reduced over the last dimension: the result keeps one entry "
+                "per score (use keepdim=True in the sums you divide by)."
+            )
         if got == want + want[-1:]:
-            return (" That is a full Jacobian per row: return the vector-Jacobian "
-                    "product instead, one number per score.")
+            return (
+                " That is a full Jacobian per row: return the vector-Jacobian "
+                "product instead, one number per score."
+            )
         return ""
 
     # -- comparing ---------------------------------------------------------------------
@@ -447,16 +532,28 @@ class _Session:
         have = got.numpy().dtype if self.numpy else got.dtype
         if have == want_dtype:
             return True
-        self.problem(("dtype",), label,
-                     f"With {label}, {self.noun} returned "
-                     f"{_dtype(have)}; keep the input's dtype. {hint or _DTYPE_HINT}")
+        self.problem(
+            ("dtype",),
+            label,
+            f"With {label}, {self.noun} returned "
+            f"{_dtype(have)}; keep the input's dtype. {hint or _DTYPE_HINT}",
+        )
         return False
 
-    def values(self, label: str, got: Tensor, want: Tensor, dtype, *, key="values",
-               candidates: Callable[[], list[Candidate]] | None = None,
-               explain: Callable[[Tensor, Tensor], str] | None = None,
-               what: str = "", magnitude: float = 1.0,
-               first: Callable[[], str] | None = None) -> bool:
+    def values(
+        self,
+        label: str,
+        got: Tensor,
+        want: Tensor,
+        dtype,
+        *,
+        key="values",
+        candidates: Callable[[], list[Candidate]] | None = None,
+        explain: Callable[[Tensor, Tensor], str] | None = None,
+        what: str = "",
+        magnitude: float = 1.0,
+        first: Callable[[], str] | None = None,
+    ) -> bool:
         """Compare ``got`` with the float64 ``want``; on a mismatch, diagnose it.
 
         The absolute tolerance is the dtype's, times ``magnitude``: the size of
@@ -473,16 +570,26 @@ class _Session:
             return True
         hint = first() if first else ""
         if hint:
-            self.problem((key, hint), label, self._mismatch(label, g, want, what) + " " + hint)
+            self.problem(
+                (key, hint), label, self._mismatch(label, g, want, what) + " " + hint
+            )
             return False
-        for _, result, hint in (candidates() if candidates else []):
-            if result.shape == g.shape and bool(_close(g, result, atol, rtol, nan=True).all()):
-                self.problem((key, hint), label, self._mismatch(label, g, want, what)
-                             + " " + hint)
+        for _, result, hint in candidates() if candidates else []:
+            if result.shape == g.shape and bool(
+                _close(g, result, atol, rtol, nan=True).all()
+            ):
+                self.problem(
+                    (key, hint),
+                    label,
+                    self._mismatch(label, g, want, what) + " " + hint,
+                )
                 return False
         hint = explain(g, want) if explain else ""
-        self.problem((key, hint), label,
-                     self._mismatch(label, g, want, what) + (" " + hint if hint else ""))
+        self.problem(
+            (key, hint),
+            label,
+            self._mismatch(label, g, want, what) + (" " + hint if hint else ""),
+        )
         return False
 
     def _mismatch(self, label: str, got: Tensor, want: Tensor, what: str) -> str:
@@ -494,19 +601,36 @@ class _Session:
         where = np.unravel_index(int(error.reshape(-1).argmax()), tuple(got.shape))
         if got.dim() == 1:
             i = int(where[0])
-            return (f"With {label}, entry {i} of {what or 'the result'} of {self.noun} "
-                    f"is {_fmt(got[i])}; expected {_fmt(want[i])}.")
+            return (
+                f"With {label}, entry {i} of {what or 'the result'} of {self.noun} "
+                f"is {_fmt(got[i])}; expected {_fmt(want[i])}."
+            )
         row = tuple(int(i) for i in where[:-1])
         name = f"row {row[0] if len(row) == 1 else row}"
         whose = what or "the result"
-        return (f"With {label}, {name} of {whose} of {self.noun} is "
-                f"{_fmt(got[row])}; expected {_fmt(want[row])}.")
+        return (
+            f"With {label}, {name} of {whose} of {self.noun} is "
+            f"{_fmt(got[row])}; expected {_fmt(want[row])}."
+        )
 
     # -- gradients ---------------------------------------------------------------------
 
-    def gradient(self, label: str, args, kwargs=(), *, wrt, shapes, output_grads,
-                 want: dict, forward, outputs: int = 1, hint: str = "",
-                 where: Tensor | None = None, project=None) -> None:
+    def gradient(
+        self,
+        label: str,
+        args,
+        kwargs=(),
+        *,
+        wrt,
+        shapes,
+        output_grads,
+        want: dict,
+        forward,
+        outputs: int = 1,
+        hint: str = "",
+        where: Tensor | None = None,
+        project=None,
+    ) -> None:
         """Backpropagate ``output_grads`` through ``fn`` and compare with ``want``.
 
         ``want`` maps the name of each input in ``wrt`` to its float64 gradient;
@@ -526,24 +650,29 @@ class _Session:
         outs = list(out) if outputs > 1 else [out]
         expected = list(forward) if outputs > 1 else [forward]
         for o, w in zip(outs, expected):
-            if o.dtype != w.dtype or not bool(_close(o.detach().to(F64), w, 1e-10,
-                                                     1e-10).all()):
+            if o.dtype != w.dtype or not bool(
+                _close(o.detach().to(F64), w, 1e-10, 1e-10).all()
+            ):
                 return
         if not all(o.requires_grad for o in outs):
-            self.problem(("no grad",), label,
-                         f"With {label}, the result of {self.noun} is not connected to "
-                         f"its inputs in autograd (requires_grad is False), so no "
-                         f"gradient can flow back. Use torch operations only: no "
-                         f".numpy(), .item(), .detach(), torch.tensor(...) of results, or "
-                         f"torch.no_grad().")
+            self.problem(
+                ("no grad",),
+                label,
+                f"With {label}, the result of {self.noun} is not connected to "
+                f"its inputs in autograd (requires_grad is False), so no "
+                f"gradient can flow back. Use torch operations only: no "
+                f".numpy(), .item(), .detach(), torch.tensor(...) of results, or "
+                f"torch.no_grad().",
+            )
             return
         try:
-            grads = torch.autograd.grad(outs, list(leaves.values()), output_grads,
-                                        allow_unused=True)
+            grads = torch.autograd.grad(
+                outs, list(leaves.values()), output_grads, allow_unused=True
+            )
         except Exception as error:  # a broken backward: report it, like the forward
             self._raised(label + " (in the backward pass)", error)
             return
-        for (name, leaf), grad in zip(leaves.items(), grads):
+        for name, grad in zip(leaves, grads):
             self._compare_grad(label, name, grad, want[name], hint, where, project)
 
     @staticmethod
@@ -553,30 +682,55 @@ class _Session:
         leaves[name] = t.detach().clone().requires_grad_(True)
         return leaves[name]
 
-    def _compare_grad(self, label: str, name: str, grad, want: Tensor, hint: str,
-                      where: Tensor | None = None, project=None) -> None:
+    def _compare_grad(
+        self,
+        label: str,
+        name: str,
+        grad,
+        want: Tensor,
+        hint: str,
+        where: Tensor | None = None,
+        project=None,
+    ) -> None:
         if grad is None:
-            self.problem(("unused", name), label,
-                         f"With {label}, the result of {self.noun} does not depend on "
-                         f"{name} in autograd: its gradient with respect to {name} is "
-                         f"missing.")
+            self.problem(
+                ("unused", name),
+                label,
+                f"With {label}, the result of {self.noun} does not depend on "
+                f"{name} in autograd: its gradient with respect to {name} is "
+                f"missing.",
+            )
             return
         grad = grad.detach().to("cpu", F64)
         if not bool(torch.isfinite(grad).all()):
-            self.problem(("grad nan", name), label,
-                         f"With {label}, the gradient of {self.noun} with respect to "
-                         f"{name} contains nan or inf: {_fmt(grad[~torch.isfinite(grad)][:4])}"
-                         f". " + (hint or
-                         "Look for 0 * inf, inf - inf or 0 / 0 in the backward pass."))
+            self.problem(
+                ("grad nan", name),
+                label,
+                f"With {label}, the gradient of {self.noun} with respect to "
+                f"{name} contains nan or inf: {_fmt(grad[~torch.isfinite(grad)][:4])}"
+                f". "
+                + (
+                    hint or "Look for 0 * inf, inf - inf or 0 / 0 in the backward pass."
+                ),
+            )
             return
         if project is not None:
             grad, want = project(grad), project(want)
         if where is not None:  # compare only there (e.g. where the weights are > 0)
             grad, want = grad[where], want[where]
-        self.values(label, grad, want, F64, key=("grad", name), what=(
-            f"the gradient with respect to {name} (by autograd)"), explain=lambda g, w: (
-            "The forward values are right but not their derivatives: did part of the "
-            "computation happen outside autograd (.item(), .detach(), torch.no_grad())?"))
+        self.values(
+            label,
+            grad,
+            want,
+            F64,
+            key=("grad", name),
+            what=(f"the gradient with respect to {name} (by autograd)"),
+            explain=lambda g, w: (
+                "The forward values are right but not their derivatives: did part of "
+                "the computation happen outside autograd (.item(), .detach(), "
+                "torch.no_grad())?"
+            ),
+        )
 
     # -- devices -----------------------------------------------------------------------
 
@@ -589,7 +743,9 @@ class _Session:
         if self.numpy or (self.device.type == "cpu" and not self.device_asked):
             return
         move = [(n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in args]
-        kmove = [(n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in kwargs]
+        kmove = [
+            (n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in kwargs
+        ]
         out = self.call(label, move, kmove, shapes=shapes, outputs=outputs)
         if out is None:
             return
@@ -597,9 +753,11 @@ class _Session:
             self.values(label, o, w, F16)
 
 
-_DTYPE_HINT = ("Do not convert with .float() or .double(), and create new tensors with "
-               "the input's dtype (torch.zeros_like(x), x.new_tensor(...)); to compute in "
-               "a wider type, convert the result back with .to(x.dtype).")
+_DTYPE_HINT = (
+    "Do not convert with .float() or .double(), and create new tensors with "
+    "the input's dtype (torch.zeros_like(x), x.new_tensor(...)); to compute in "
+    "a wider type, convert the result back with .to(x.dtype)."
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -647,7 +805,7 @@ def _dtype_words(session: _Session) -> str:
 
 
 def _softmax_t(x: Tensor, keep: Tensor | None = None, dim: int = -1) -> Tensor:
-    """Differentiable float64 masked softmax; a row with nothing to attend gives zeros."""
+    """Differentiable float64 masked softmax; a row with nothing to attend gives 0."""
     if keep is not None:
         x = x.masked_fill(~keep, -INF)
     empty = torch.isneginf(x).all(dim=dim, keepdim=True)
@@ -663,92 +821,172 @@ def _rows_sum_hint(got: Tensor, target: float = 1.0, what: str = "rows") -> str:
     if bool(_close(sums, torch.full_like(sums, target), 1e-6, 1e-6).all()):
         return ""
     if target == 1 and got.dim() > 1 and abs(float(got.sum()) - 1) < 1e-6:
-        return ("Your whole result sums to 1, not each row: divide each row by its own "
-                "sum, e.sum(dim=-1, keepdim=True).")
-    return (f"The {what} of your result sum to {_fmt(sums.reshape(-1), 4)} instead of "
-            f"{_number(target)}.")
+        return (
+            "Your whole result sums to 1, not each row: divide each row by its own "
+            "sum, e.sum(dim=-1, keepdim=True)."
+        )
+    return (
+        f"The {what} of your result sum to {_fmt(sums.reshape(-1), 4)} instead of "
+        f"{_number(target)}."
+    )
 
 
 # --------------------------------------------------------------------------------------
 # Softmax and log-softmax
 
-_MAX_HINT = ("Subtract the row maximum before exp, m = x.max(dim=-1, keepdim=True).values: "
-             "then every exponent is <= 0, nothing overflows, and the largest term is "
-             "exp(0) = 1, so the sum is never 0.")
+_MAX_HINT = (
+    "Subtract the row maximum before exp, m = x.max(dim=-1, keepdim=True).values: "
+    "then every exponent is <= 0, nothing overflows, and the largest term is "
+    "exp(0) = 1, so the sum is never 0."
+)
 
 
 def _wrong_dim_candidates(x: Tensor, function) -> list[Candidate]:
     """What normalizing along another dimension would give."""
     found = []
     for d in range(x.dim() - 1):
-        found.append((f"dim {d}", _t(function(_np(x), axis=d)),
-                      f"That is the result along dim={d}: normalize each row along the "
-                      f"last dimension (dim=-1), whatever the number of batch "
-                      f"dimensions."))
+        found.append(
+            (
+                f"dim {d}",
+                _t(function(_np(x), axis=d)),
+                f"That is the result along dim={d}: normalize each row along the "
+                f"last dimension (dim=-1), whatever the number of batch "
+                f"dimensions.",
+            )
+        )
     return found
 
 
-def _rowwise(session: _Session, label: str, x: Tensor, want: Tensor, *,
-             candidates=None, explain=None, magnitude: bool = False,
-             first=None) -> bool:
+def _rowwise(
+    session: _Session,
+    label: str,
+    x: Tensor,
+    want: Tensor,
+    *,
+    candidates=None,
+    explain=None,
+    magnitude: bool = False,
+    first=None,
+) -> bool:
     """Check ``fn(x)`` against ``want``; False when the result is unusable."""
     out = session.call(label, [("x", x)], shapes=[x.shape])
     if out is None:
         return False
     size = x.abs().nan_to_num(posinf=0.0).max().clamp(min=1.0) if magnitude else 1.0
     if session.dtype(label, out, x.dtype):
-        session.values(label, out, want, x.dtype, candidates=candidates, explain=explain,
-                       magnitude=float(size), first=first and (lambda: first(x)))
+        session.values(
+            label,
+            out,
+            want,
+            x.dtype,
+            candidates=candidates,
+            explain=explain,
+            magnitude=float(size),
+            first=first and (lambda: first(x)),
+        )
     return True
 
 
-def _rowwise_checks(session: _Session, *, seed: int, reference_fn, derivative,
-                    extremes, basic, candidates, explain, shapes, scale: float,
-                    gradient: bool, checked_extremes: str,
-                    magnitude: bool = False, first=None) -> list[str]:
+def _rowwise_checks(
+    session: _Session,
+    *,
+    seed: int,
+    reference_fn,
+    derivative,
+    extremes,
+    basic,
+    candidates,
+    explain,
+    shapes,
+    scale: float,
+    gradient: bool,
+    checked_extremes: str,
+    magnitude: bool = False,
+    first=None,
+) -> list[str]:
     """The checks shared by the row-wise functions (softmax, log-softmax, sparsemax)."""
     x = torch.tensor(basic, dtype=F64)
-    if not _rowwise(session, _label("scores", x), x, _t(reference_fn(_np(x))),
-                    candidates=lambda: candidates(x),
-                    explain=lambda got, want: explain(got, want, x), first=first,
-                    magnitude=magnitude):
+    if not _rowwise(
+        session,
+        _label("scores", x),
+        x,
+        _t(reference_fn(_np(x))),
+        candidates=lambda: candidates(x),
+        explain=lambda got, want: explain(got, want, x),
+        first=first,
+        magnitude=magnitude,
+    ):
         session.stopped = True
         return []
     g = _generator(seed)
     inputs = [_randn(g, *shape, scale=scale) for shape in shapes]
     for x in inputs:
-        _rowwise(session, _label("scores", x), x, _t(reference_fn(_np(x))),
-                 candidates=lambda x=x: candidates(x),
-                 explain=lambda got, want, x=x: explain(got, want, x), first=first,
-                 magnitude=magnitude)
+        _rowwise(
+            session,
+            _label("scores", x),
+            x,
+            _t(reference_fn(_np(x))),
+            candidates=lambda x=x: candidates(x),
+            explain=lambda got, want, x=x: explain(got, want, x),
+            first=first,
+            magnitude=magnitude,
+        )
     for _, values, note in extremes:
         for dtype in (F64, F32):
             x = torch.tensor(values, dtype=dtype)
-            _rowwise(session, _label("scores", x, note), x, _t(reference_fn(_np(x))),
-                     candidates=lambda x=x: candidates(x),
-                 explain=lambda got, want, x=x: explain(got, want, x), first=first,
-                     magnitude=magnitude)
+            _rowwise(
+                session,
+                _label("scores", x, note),
+                x,
+                _t(reference_fn(_np(x))),
+                candidates=lambda x=x: candidates(x),
+                explain=lambda got, want, x=x: explain(got, want, x),
+                first=first,
+                magnitude=magnitude,
+            )
     for dtype in _dtypes(session):
         x = inputs[1].to(dtype)
-        _rowwise(session, _label("scores", x), x, _t(reference_fn(_np(x))),
-                 candidates=lambda x=x: candidates(x),
-                 explain=lambda got, want, x=x: explain(got, want, x), first=first,
-                 magnitude=magnitude)
+        _rowwise(
+            session,
+            _label("scores", x),
+            x,
+            _t(reference_fn(_np(x))),
+            candidates=lambda x=x: candidates(x),
+            explain=lambda got, want, x=x: explain(got, want, x),
+            first=first,
+            magnitude=magnitude,
+        )
     x = inputs[1].to(F32)
-    session.on_device(_label("scores", x, "on the accelerator"), [("x", x)],
-                      shapes=[x.shape], want=_t(reference_fn(_np(x))))
+    session.on_device(
+        _label("scores", x, "on the accelerator"),
+        [("x", x)],
+        shapes=[x.shape],
+        want=_t(reference_fn(_np(x))),
+    )
     if gradient and not session.numpy:
         x = inputs[1]
         grad_out = _randn(g, *x.shape)
-        session.gradient(_label("scores", x), [("x", x)], wrt={"x"}, shapes=[x.shape],
-                         output_grads=[grad_out], want={"x": derivative(x, grad_out)},
-                         forward=_t(reference_fn(_np(x))))
-    return [f"values against the reference on scores of shapes ({len(basic)},)"
-            + "".join(f", {tuple(s)}" for s in shapes),
-            checked_extremes, f"the dtype kept ({_dtype_words(session)})",
-            "the device kept", "the input not modified"] + (
+        session.gradient(
+            _label("scores", x),
+            [("x", x)],
+            wrt={"x"},
+            shapes=[x.shape],
+            output_grads=[grad_out],
+            want={"x": derivative(x, grad_out)},
+            forward=_t(reference_fn(_np(x))),
+        )
+    return [
+        f"values against the reference on scores of shapes ({len(basic)},)"
+        + "".join(f", {tuple(s)}" for s in shapes),
+        checked_extremes,
+        f"the dtype kept ({_dtype_words(session)})",
+        "the device kept",
+        "the input not modified",
+    ] + (
         ["the gradient, by autograd through your function"]
-        if gradient and not session.numpy else [])
+        if gradient and not session.numpy
+        else []
+    )
 
 
 def _softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
@@ -756,31 +994,45 @@ def _softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
         return _MAX_HINT
     if bool((got < 0).any()):
         return "Weights are never negative: exp(x_i - m) / sum_j exp(x_j - m) is > 0."
-    return _rows_sum_hint(got) or ("Compare with the formula "
-                                   "exp(x_i - m) / sum_j exp(x_j - m), m the row maximum.")
+    return _rows_sum_hint(got) or (
+        "Compare with the formula exp(x_i - m) / sum_j exp(x_j - m), m the row maximum."
+    )
 
 
 def _softmax_candidates(x: Tensor) -> list[Candidate]:
     found = _wrong_dim_candidates(x, reference.softmax)
-    if x.dim() > 1 and x.shape[0] > 1:  # the maximum of the whole tensor, not of each row
+    if (
+        x.dim() > 1 and x.shape[0] > 1
+    ):  # the maximum of the whole tensor, not of each row
         with np.errstate(all="ignore"):
             e = np.exp(_np(x) - _np(x).max())
-            found.append(("global max", _t(e / e.sum(axis=-1, keepdims=True)),
-                          "Subtract each row's own maximum, "
-                          "x.max(dim=-1, keepdim=True).values, not the maximum of the "
-                          "whole tensor: a row far below it underflows to 0 / 0."))
+            found.append(
+                (
+                    "global max",
+                    _t(e / e.sum(axis=-1, keepdims=True)),
+                    "Subtract each row's own maximum, "
+                    "x.max(dim=-1, keepdim=True).values, not the maximum of the "
+                    "whole tensor: a row far below it underflows to 0 / 0.",
+                )
+            )
     with np.errstate(all="ignore"):
         mean = np.exp(_np(x) - _np(x).mean(axis=-1, keepdims=True))
-    found.append(("mean", _t(mean / mean.sum(axis=-1, keepdims=True)),
-                  "Subtract the maximum, not the mean: only the maximum makes every "
-                  "exponent <= 0, so that exp cannot overflow."))
+    found.append(
+        (
+            "mean",
+            _t(mean / mean.sum(axis=-1, keepdims=True)),
+            "Subtract the maximum, not the mean: only the maximum makes every "
+            "exponent <= 0, so that exp cannot overflow.",
+        )
+    )
     found.append(("naive", _t(reference.naive_softmax(_np(x))), _MAX_HINT))
     return found
 
 
-def check_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
-                  device=None) -> CheckReport:
-    r"""Check a student's softmax, :math:`s_i = e^{x_i} / \sum_j e^{x_j}` along the last dimension.
+def check_softmax(
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+) -> CheckReport:
+    r"""Check a student's softmax, :math:`s_i = e^{x_i} / \sum_j e^{x_j}`.
 
     ``fn(x)`` takes scores of shape ``(..., N)`` and returns weights of the
     same shape and dtype. Checked: the values against
@@ -836,53 +1088,83 @@ def check_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
         ("-inf", [0.0, -INF, 1.0], "a score of -inf"),
     ]
     checked = _rowwise_checks(
-        session, seed=1, reference_fn=reference.softmax, basic=[1.0, 0.5, 2.5, -0.1],
-        derivative=lambda x, g: _vjp(torch.softmax(x, -1), g), extremes=extremes,
-        candidates=_softmax_candidates, explain=_softmax_explain,
-        shapes=[(6,), (3, 7), (2, 3, 4, 5)], scale=3.0, gradient=gradient,
+        session,
+        seed=1,
+        reference_fn=reference.softmax,
+        basic=[1.0, 0.5, 2.5, -0.1],
+        derivative=lambda x, g: _vjp(torch.softmax(x, -1), g),
+        extremes=extremes,
+        candidates=_softmax_candidates,
+        explain=_softmax_explain,
+        shapes=[(6,), (3, 7), (2, 3, 4, 5)],
+        scale=3.0,
+        gradient=gradient,
         checked_extremes="rows sum to one; overflow [1000, 0] and underflow "
-                         "[-1000, -1000] in float64 and float32; rows on different "
-                         "scales; a score of -inf")
+        "[-1000, -1000] in float64 and float32; rows on different "
+        "scales; a score of -inf",
+    )
     return session.report("check_softmax", checked)
 
 
-_LSE_HINT = ("Compute x - logsumexp(x), with logsumexp(x) = m + log(sum_j exp(x_j - m)) "
-             "and m the row maximum: never take the log of a probability that may have "
-             "rounded to 0.")
+_LSE_HINT = (
+    "Compute x - logsumexp(x), with logsumexp(x) = m + log(sum_j exp(x_j - m)) "
+    "and m the row maximum: never take the log of a probability that may have "
+    "rounded to 0."
+)
 
 
 def _log_softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
     finite = torch.isfinite(want)
     if bool((torch.isneginf(got) & finite).any()):
-        return ("-inf is log(0): a probability rounded to 0. " + _LSE_HINT)
+        return "-inf is log(0): a probability rounded to 0. " + _LSE_HINT
     if bool(got.isnan().any()):
-        return ("Subtract the maximum inside the logsumexp: exp(1000) overflows to inf "
-                "and exp(-1000) underflows to 0. " + _LSE_HINT)
+        return (
+            "Subtract the maximum inside the logsumexp: exp(1000) overflows to inf "
+            "and exp(-1000) underflows to 0. " + _LSE_HINT
+        )
     sums = torch.logsumexp(got, dim=-1)
     if not bool(_close(sums, torch.zeros_like(sums), 1e-6, 0).all()):
-        return (f"The exponentials of each row should sum to one (logsumexp of each "
-                f"row = 0); yours give {_fmt(sums.reshape(-1), 4)}.")
+        return (
+            f"The exponentials of each row should sum to one (logsumexp of each "
+            f"row = 0); yours give {_fmt(sums.reshape(-1), 4)}."
+        )
     return "Compare with x_i - logsumexp(x)."
 
 
 def _log_softmax_candidates(x: Tensor) -> list[Candidate]:
     found = _wrong_dim_candidates(x, reference.log_softmax)
     with np.errstate(all="ignore"):
-        found.append(("naive lse", _t(_np(x) - np.log(np.exp(_np(x)).sum(-1, keepdims=True))),
-                      "Subtract the maximum inside the logsumexp: exp(1000) overflows to "
-                      "inf and exp(-1000) underflows to 0. " + _LSE_HINT))
-        found.append(("softmax", _t(reference.softmax(_np(x))),
-                      "Those are the probabilities: log-softmax returns their "
-                      "logarithms, x - logsumexp(x)."))
-        found.append(("log of softmax", _t(np.log(reference.softmax(_np(x)))),
-                      "That is log(softmax(x)): the softmax rounds tiny probabilities "
-                      "to 0 and log(0) = -inf. " + _LSE_HINT))
+        found.append(
+            (
+                "naive lse",
+                _t(_np(x) - np.log(np.exp(_np(x)).sum(-1, keepdims=True))),
+                "Subtract the maximum inside the logsumexp: exp(1000) overflows to "
+                "inf and exp(-1000) underflows to 0. " + _LSE_HINT,
+            )
+        )
+        found.append(
+            (
+                "softmax",
+                _t(reference.softmax(_np(x))),
+                "Those are the probabilities: log-softmax returns their "
+                "logarithms, x - logsumexp(x).",
+            )
+        )
+        found.append(
+            (
+                "log of softmax",
+                _t(np.log(reference.softmax(_np(x)))),
+                "That is log(softmax(x)): the softmax rounds tiny probabilities "
+                "to 0 and log(0) = -inf. " + _LSE_HINT,
+            )
+        )
     return found
 
 
-def check_log_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
-                      device=None) -> CheckReport:
-    r"""Check a student's log-softmax, :math:`x_i - \log \sum_j e^{x_j}` along the last dimension.
+def check_log_softmax(
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+) -> CheckReport:
+    r"""Check a student's log-softmax, :math:`x_i - \log \sum_j e^{x_j}`.
 
     ``fn(x)`` takes scores ``(..., N)`` and returns log-probabilities of the
     same shape and dtype. Checked: values against
@@ -915,7 +1197,9 @@ def check_log_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = Tru
     >>> print(report.problems[0])  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     With scores [1000, 0] (float64, overflow), your log-softmax returned [0, -inf];
     expected [0, -1000]. That is log(softmax(x)): ...
-    >>> sb.checks.check_log_softmax(lambda x: x - torch.logsumexp(x, -1, keepdim=True)).ok
+    >>> def my_log_softmax(x):
+    ...     return x - torch.logsumexp(x, dim=-1, keepdim=True)
+    >>> sb.checks.check_log_softmax(my_log_softmax).ok
     True
     """
     session = _Session(fn, "your log-softmax", numpy=numpy, device=device)
@@ -930,25 +1214,36 @@ def check_log_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = Tru
         return g - torch.softmax(x, -1) * g.sum(-1, keepdim=True)
 
     checked = _rowwise_checks(
-        session, seed=2, reference_fn=reference.log_softmax, basic=[1.0, 0.5, 2.5, -0.1],
-        derivative=derivative, extremes=extremes, candidates=_log_softmax_candidates,
-        explain=_log_softmax_explain, shapes=[(6,), (3, 7), (2, 3, 4, 5)], scale=3.0,
-        gradient=gradient, magnitude=True,
+        session,
+        seed=2,
+        reference_fn=reference.log_softmax,
+        basic=[1.0, 0.5, 2.5, -0.1],
+        derivative=derivative,
+        extremes=extremes,
+        candidates=_log_softmax_candidates,
+        explain=_log_softmax_explain,
+        shapes=[(6,), (3, 7), (2, 3, 4, 5)],
+        scale=3.0,
+        gradient=gradient,
+        magnitude=True,
         checked_extremes="exp of each row sums to one; [1000, 0] and [-1000, -1000] in "
-                         "float64 and float32; rows on different scales; a score of -inf")
+        "float64 and float32; rows on different scales; a score of -inf",
+    )
     return session.report("check_log_softmax", checked)
 
 
 # --------------------------------------------------------------------------------------
 # Sparsemax
 
-_SUPPORT_HINT = ("Check the support: sort the scores in decreasing order, z_1 >= z_2 >= "
-                 "..., keep the largest k (counting from 1) with 1 + k z_k > z_1 + ... + "
-                 "z_k, and use tau = (z_1 + ... + z_k - 1) / k.")
+_SUPPORT_HINT = (
+    "Check the support: sort the scores in decreasing order, z_1 >= z_2 >= "
+    "..., keep the largest k (counting from 1) with 1 + k z_k > z_1 + ... + "
+    "z_k, and use tau = (z_1 + ... + z_k - 1) / k."
+)
 
 
 def _sparsemax_k(x: np.ndarray, shift: int) -> np.ndarray:
-    """Sparsemax with the support size off by ``shift``: a common mistake, for diagnosis."""
+    """Sparsemax with a support off by ``shift``: a usual mistake, to diagnose."""
     z = -np.sort(-x, axis=-1)
     cumsum = np.cumsum(z, axis=-1)
     k = np.arange(1, x.shape[-1] + 1)
@@ -962,12 +1257,22 @@ def _sparsemax_candidates(x: Tensor) -> list[Candidate]:
     xs = _np(x)
     found = _wrong_dim_candidates(x, reference.sparsemax)
     for shift in (-1, 1):
-        found.append((f"k{shift:+d}", _t(_sparsemax_k(xs, shift)),
-                      f"Your support has one key {'too few' if shift < 0 else 'too many'}"
-                      f". " + _SUPPORT_HINT))
-    found.append(("softmax", _t(reference.softmax(xs)),
-                  "That is the softmax: sparsemax is max(x - tau, 0) with the threshold "
-                  "tau, which gives exact zeros."))
+        found.append(
+            (
+                f"k{shift:+d}",
+                _t(_sparsemax_k(xs, shift)),
+                f"Your support has one key {'too few' if shift < 0 else 'too many'}"
+                f". " + _SUPPORT_HINT,
+            )
+        )
+    found.append(
+        (
+            "softmax",
+            _t(reference.softmax(xs)),
+            "That is the softmax: sparsemax is max(x - tau, 0) with the threshold "
+            "tau, which gives exact zeros.",
+        )
+    )
     return found
 
 
@@ -976,44 +1281,54 @@ def _sparsemax_explainer(session: _Session):
         if bool((got < 0).any()):
             return "Weights are never negative: clip at zero, max(x - tau, 0)."
         return _support_hint(got, want)
+
     return explain
 
 
 def _sorted_hint(session: _Session, x: Tensor) -> str:
-    """When unsorted scores fail, try sorted ones: the threshold must come from a sort."""
+    """When unsorted scores fail, try sorted ones: the threshold comes from a sort."""
     xs = torch.sort(x, dim=-1, descending=True).values
     if torch.equal(xs, x):
         return ""
     quiet = _Session(session.fn, session.noun, numpy=session.numpy, device="cpu")
     out = quiet.call("", [("x", xs)], shapes=[xs.shape])
-    if out is None or not bool(_close(out.to(F64), _t(reference.sparsemax(_np(xs))),
-                                      *_TOL[x.dtype]).all()):
+    if out is None or not bool(
+        _close(out.to(F64), _t(reference.sparsemax(_np(xs))), *_TOL[x.dtype]).all()
+    ):
         return ""
-    return ("Your sparsemax is right when the scores come already sorted, but not "
-            "otherwise: compute the threshold from the scores sorted in decreasing order "
-            "(torch.sort(x, dim=-1, descending=True)), then apply it to the scores in "
-            "their original order.")
+    return (
+        "Your sparsemax is right when the scores come already sorted, but not "
+        "otherwise: compute the threshold from the scores sorted in decreasing order "
+        "(torch.sort(x, dim=-1, descending=True)), then apply it to the scores in "
+        "their original order."
+    )
 
 
 def _support_hint(got: Tensor, want: Tensor) -> str:
     support_got, support_want = (got > 0).sum(-1), (want > 0).sum(-1)
     if not torch.equal(support_got, support_want):
-        return (f"Your result has {_fmt(support_got.reshape(-1), 4)} nonzero entries per "
-                f"row where sparsemax has {_fmt(support_want.reshape(-1), 4)}. "
-                + _SUPPORT_HINT)
+        return (
+            f"Your result has {_fmt(support_got.reshape(-1), 4)} nonzero entries per "
+            f"row where sparsemax has {_fmt(support_want.reshape(-1), 4)}. "
+            + _SUPPORT_HINT
+        )
     return _rows_sum_hint(got) or _SUPPORT_HINT
 
 
 def _sparsemax_grad(x: Tensor, g: Tensor) -> Tensor:
-    """The sparsemax VJP: on the support, g minus its mean over the support; 0 elsewhere."""
+    """The sparsemax VJP: on the support, g minus its mean there; 0 elsewhere."""
     support = (_t(reference.sparsemax(_np(x))) > 0).to(F64)
     mean = (g * support).sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
     return support * (g - mean)
 
 
-def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
-                    device=None) -> CheckReport:
-    r"""Check a student's sparsemax, :math:`\max(x - \tau, 0)` with :math:`\sum_i \max(x_i - \tau, 0) = 1`.
+def check_sparsemax(
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+) -> CheckReport:
+    r"""Check a student's sparsemax, :math:`\max(x - \tau, 0)`.
+
+    The threshold :math:`\tau` is the number with
+    :math:`\sum_i \max(x_i - \tau, 0) = 1`.
 
     ``fn(x)`` takes scores ``(..., N)`` and returns weights of the same shape
     and dtype, normalized along the last dimension. Checked: values against
@@ -1049,9 +1364,19 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
     With scores [0.6, 0.3, 0.8, -0.1] (float64), your sparsemax returned [...];
     expected [0.3667, 0.06667, 0.5667, 0]. That is the softmax: ...
     """
-    session = _Session(fn, "your sparsemax", numpy=numpy, device=device, hints=[(
-        "out of bounds", "An index went out of range: the support size k counts from 1 "
-        "(it is at least 1), and the k-th largest score sits at index k - 1.")])
+    session = _Session(
+        fn,
+        "your sparsemax",
+        numpy=numpy,
+        device=device,
+        hints=[
+            (
+                "out of bounds",
+                "An index went out of range: the support size k counts from 1 "
+                "(it is at least 1), and the k-th largest score sits at index k - 1.",
+            )
+        ],
+    )
     explain = _sparsemax_explainer(session)
     extremes = [
         ("ties", [1.0, 1.0, 1.0, 1.0], "ties"),
@@ -1060,12 +1385,20 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
         ("shift", [100.6, 100.3, 100.8, 99.9], "the basic scores + 100"),
     ]
     checked = _rowwise_checks(
-        session, seed=3, reference_fn=reference.sparsemax, basic=[0.6, 0.3, 0.8, -0.1],
-        derivative=_sparsemax_grad, extremes=extremes, candidates=_sparsemax_candidates,
-        explain=explain, shapes=[(6,), (3, 7), (2, 3, 4, 5)], scale=1.0,
+        session,
+        seed=3,
+        reference_fn=reference.sparsemax,
+        basic=[0.6, 0.3, 0.8, -0.1],
+        derivative=_sparsemax_grad,
+        extremes=extremes,
+        candidates=_sparsemax_candidates,
+        explain=explain,
+        shapes=[(6,), (3, 7), (2, 3, 4, 5)],
+        scale=1.0,
         first=lambda x: _sorted_hint(session, x),
         gradient=gradient,
-        checked_extremes="ties; a one-hot result; large scores; a shift by 100")
+        checked_extremes="ties; a one-hot result; large scores; a shift by 100",
+    )
     if session.stopped:
         return session.report("check_sparsemax", checked)
     g = _generator(33)
@@ -1076,17 +1409,26 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
         out = session.call(label, [("x", x)], shapes=[x.shape])
         if out is None:
             continue
-        if not session.values(label, out, want, F64, candidates=lambda x=x: (
-                _sparsemax_candidates(x)), explain=lambda got, w, x=x: explain(got, w, x),
-                first=lambda x=x: _sorted_hint(session, x)):
+        if not session.values(
+            label,
+            out,
+            want,
+            F64,
+            candidates=lambda x=x: _sparsemax_candidates(x),
+            explain=lambda got, w, x=x: explain(got, w, x),
+            first=lambda x=x: _sorted_hint(session, x),
+        ):
             continue
         leaked = (want == 0) & (out != 0)
         if bool(leaked.any()):
-            session.problem(("zeros",), label,
-                            f"With {label}, your sparsemax returned "
-                            f"{_fmt(out[leaked][:4])} where the weights are exactly 0. "
-                            f"Sparsemax gives exact zeros: clip with "
-                            f"torch.clamp(x - tau, min=0), do not add an epsilon.")
+            session.problem(
+                ("zeros",),
+                label,
+                f"With {label}, your sparsemax returned "
+                f"{_fmt(out[leaked][:4])} where the weights are exactly 0. "
+                f"Sparsemax gives exact zeros: clip with "
+                f"torch.clamp(x - tau, min=0), do not add an epsilon.",
+            )
     checked.insert(1, "dense and sparse supports; exact zeros outside the support")
     return session.report("check_sparsemax", checked)
 
@@ -1097,16 +1439,22 @@ def check_sparsemax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
 _EMPTY_NAN_HINT = (
     "A row whose mask is all False has every score at -inf, so its maximum is -inf and "
     "-inf - (-inf) = nan. Such a row has nothing to attend to: give it zeros, e.g. by "
-    "replacing its scores with 0 before the softmax and its weights with 0 after.")
+    "replacing its scores with 0 before the softmax and its weights with 0 after."
+)
 _UNIFORM_HINT = (
     "A fully masked row came back spread evenly over keys it may not see: that is what "
     "a finite fill such as -1e9 does (every score equal, so the softmax is uniform). "
-    "Use -inf for masked scores and give rows with nothing to attend all-zero weights.")
-_POLARITY_HINT = ("That is the softmax over the entries where the mask is False: the mask "
-                  "means True = may attend (keep). Use scores.masked_fill(~mask, "
-                  "float('-inf')).")
-_IGNORED_HINT = ("That is the softmax of all the scores, as if there were no mask: masked "
-                 "entries (mask False) must get weight exactly 0.")
+    "Use -inf for masked scores and give rows with nothing to attend all-zero weights."
+)
+_POLARITY_HINT = (
+    "That is the softmax over the entries where the mask is False: the mask "
+    "means True = may attend (keep). Use scores.masked_fill(~mask, "
+    "float('-inf'))."
+)
+_IGNORED_HINT = (
+    "That is the softmax of all the scores, as if there were no mask: masked "
+    "entries (mask False) must get weight exactly 0."
+)
 
 
 def _masked_reference(scores: Tensor, mask: Tensor) -> Tensor:
@@ -1117,16 +1465,20 @@ def _masked_reference(scores: Tensor, mask: Tensor) -> Tensor:
 def _masked_candidates(scores: Tensor, mask: Tensor) -> list[Candidate]:
     plain = _t(reference.softmax(_np(scores)))
     partly = ~mask.expand(scores.shape).all(dim=-1, keepdim=True)
-    return [("polarity", _masked_reference(scores, ~mask), _POLARITY_HINT),
-            ("ignored", plain, _IGNORED_HINT),
-            # scores + (~mask) * -inf: 0 * -inf = nan in every row with a masked key
-            ("0 * -inf", plain.masked_fill(partly, math.nan), _NAN_MASK_HINT)]
+    return [
+        ("polarity", _masked_reference(scores, ~mask), _POLARITY_HINT),
+        ("ignored", plain, _IGNORED_HINT),
+        # scores + (~mask) * -inf: 0 * -inf = nan in every row with a masked key
+        ("0 * -inf", plain.masked_fill(partly, math.nan), _NAN_MASK_HINT),
+    ]
 
 
-_NAN_MASK_HINT = ("nan appeared in rows that keep some entries: 0 * -inf is nan, so an "
-                  "additive mask built as (~mask) * float('-inf') poisons every entry of "
-                  "a row with a masked key. Build the masked scores with "
-                  "scores.masked_fill(~mask, float('-inf')) or torch.where.")
+_NAN_MASK_HINT = (
+    "nan appeared in rows that keep some entries: 0 * -inf is nan, so an "
+    "additive mask built as (~mask) * float('-inf') poisons every entry of "
+    "a row with a masked key. Build the masked scores with "
+    "scores.masked_fill(~mask, float('-inf')) or torch.where."
+)
 
 
 def _masked_explain(scores: Tensor, mask: Tensor):
@@ -1138,37 +1490,54 @@ def _masked_explain(scores: Tensor, mask: Tensor):
         if bool(kept_zero.all()) and bool(((masked != 0) & masked.isfinite()).any()):
             return _POLARITY_HINT
         if bool(got[~empty].isnan().any()):
-            small = bool(scores.abs().max() < 80)  # exp cannot overflow, even in float32
+            small = bool(
+                scores.abs().max() < 80
+            )  # exp cannot overflow, even in float32
             return _NAN_MASK_HINT if small else _MAX_HINT
         if bool(empty.any()):
             rows = got[empty].reshape(-1, want.shape[-1])
             if bool(rows.isnan().any()):
                 return _EMPTY_NAN_HINT
-            if bool(_close(rows, torch.full_like(rows, 1 / rows.shape[-1]), 1e-3, 0).all()):
+            if bool(
+                _close(rows, torch.full_like(rows, 1 / rows.shape[-1]), 1e-3, 0).all()
+            ):
                 return _UNIFORM_HINT
             if not bool((rows == 0).all()):
-                return ("A row whose mask is all False has nothing to attend to: its "
-                        "weights must all be 0.")
+                return (
+                    "A row whose mask is all False has nothing to attend to: its "
+                    "weights must all be 0."
+                )
         if bool((got[~keep] != 0).any()):
-            return (f"Masked entries (mask False) got weight {_fmt(got[~keep][:4])}: "
-                    f"they must get exactly 0.")
+            return (
+                f"Masked entries (mask False) got weight {_fmt(got[~keep][:4])}: "
+                f"they must get exactly 0."
+            )
         return _rows_sum_hint(got)
+
     return explain
 
 
 def _masked_case(session: _Session, label: str, scores: Tensor, mask: Tensor) -> bool:
-    out = session.call(label, [("scores", scores), ("mask", mask)], shapes=[scores.shape])
+    out = session.call(
+        label, [("scores", scores), ("mask", mask)], shapes=[scores.shape]
+    )
     if out is None:
         return False
     if session.dtype(label, out, scores.dtype):
-        session.values(label, out, _masked_reference(scores, mask), scores.dtype,
-                       candidates=lambda: _masked_candidates(scores, mask),
-                       explain=_masked_explain(scores, mask))
+        session.values(
+            label,
+            out,
+            _masked_reference(scores, mask),
+            scores.dtype,
+            candidates=lambda: _masked_candidates(scores, mask),
+            explain=_masked_explain(scores, mask),
+        )
     return True
 
 
-def check_masked_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = True,
-                         device=None) -> CheckReport:
+def check_masked_softmax(
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+) -> CheckReport:
     r"""Check a student's masked softmax, ``fn(scores, mask)``, True = may attend.
 
     .. math:: p_i = \frac{m_i e^{x_i}}{\sum_j m_j e^{x_j}}, \qquad
@@ -1212,63 +1581,107 @@ def check_masked_softmax(fn: Callable, *, numpy: bool = False, gradient: bool = 
     session = _Session(fn, "your masked softmax", numpy=numpy, device=device)
     scores = torch.tensor([[1.0, 0.5, 2.5, -0.1]] * 3, dtype=F64)
     causal = torch.ones(3, 4, dtype=torch.bool).tril()
-    if not _masked_case(session, "scores of shape (3, 4) (float64) with a causal mask",
-                        scores, causal):
+    if not _masked_case(
+        session, "scores of shape (3, 4) (float64) with a causal mask", scores, causal
+    ):
         session.stopped = True
         return session.report("check_masked_softmax", [])
     g = _generator(4)
     x = _randn(g, 2, 3, 5, 6, scale=3.0)
     cases = [
-        ("random scores of shape (2, 3, 5, 6) (float64) with a random mask of the "
-         "same shape", x, _random_mask(g, 2, 3, 5, 6)),
-        ("random scores of shape (2, 3, 5, 6) (float64) with a causal mask of shape "
-         "(5, 6)", x, torch.ones(5, 6, dtype=torch.bool).tril()),
-        ("random scores of shape (2, 3, 5, 6) (float64) with a padding mask of shape "
-         "(2, 1, 1, 6), lengths 6 and 4", x,
-         (torch.arange(6) < torch.tensor([6, 4])[:, None]).reshape(2, 1, 1, 6)),
+        (
+            "random scores of shape (2, 3, 5, 6) (float64) with a random mask of the "
+            "same shape",
+            x,
+            _random_mask(g, 2, 3, 5, 6),
+        ),
+        (
+            "random scores of shape (2, 3, 5, 6) (float64) with a causal mask of shape "
+            "(5, 6)",
+            x,
+            torch.ones(5, 6, dtype=torch.bool).tril(),
+        ),
+        (
+            "random scores of shape (2, 3, 5, 6) (float64) with a padding mask of "
+            "shape (2, 1, 1, 6), lengths 6 and 4",
+            x,
+            (torch.arange(6) < torch.tensor([6, 4])[:, None]).reshape(2, 1, 1, 6),
+        ),
     ]
     for label, s, m in cases:
         _masked_case(session, label, s, m)
     empty = causal.clone()
     empty[1] = False
-    _masked_case(session, "scores of shape (3, 4) (float64) whose row 1 is fully masked",
-                 scores, empty)
+    _masked_case(
+        session,
+        "scores of shape (3, 4) (float64) whose row 1 is fully masked",
+        scores,
+        empty,
+    )
     big = torch.tensor([[1000.0, 0.0, 3.0], [0.0, 1.0, 2.0]], dtype=F64)
-    _masked_case(session, "scores [[1000, 0, 3], [0, 1, 2]] (float64) with the last "
-                 "column masked (overflow)", big, torch.tensor([True, True, False]))
+    _masked_case(
+        session,
+        "scores [[1000, 0, 3], [0, 1, 2]] (float64) with the last "
+        "column masked (overflow)",
+        big,
+        torch.tensor([True, True, False]),
+    )
     low = _randn(g, 4, 6, scale=3.0)
     low_mask = _random_mask(g, 4, 6)
     low_mask[2] = False
     for dtype in [F64] + _dtypes(session):
         s = low.to(dtype)
-        _masked_case(session, f"random scores of shape (4, 6) ({_dtype(dtype)}) with a "
-                     f"random mask whose row 2 is fully masked", s, low_mask)
+        _masked_case(
+            session,
+            f"random scores of shape (4, 6) ({_dtype(dtype)}) with a "
+            f"random mask whose row 2 is fully masked",
+            s,
+            low_mask,
+        )
     s = low.to(F32)
-    session.on_device("float32 scores on the accelerator", [("scores", s),
-                      ("mask", low_mask)], shapes=[s.shape],
-                      want=_masked_reference(s, low_mask))
+    session.on_device(
+        "float32 scores on the accelerator",
+        [("scores", s), ("mask", low_mask)],
+        shapes=[s.shape],
+        want=_masked_reference(s, low_mask),
+    )
     if gradient and not session.numpy:
         grad_out = _randn(g, 4, 6)
         s = low.clone()
-        want = torch.autograd.functional.vjp(lambda t: _softmax_t(t, low_mask), s,
-                                             grad_out)[1]
-        session.gradient("random scores of shape (4, 6) (float64) with a random mask "
-                         "whose row 2 is fully masked", [("scores", s), ("mask", low_mask)],
-                         wrt={"scores"}, shapes=[s.shape], output_grads=[grad_out],
-                         want={"scores": want}, forward=_masked_reference(s, low_mask),
-                         hint=(
-                             "The forward pass may give zeros and the backward pass "
-                             "still nan: torch.where(c, a, b) sends gradient into both "
-                             "branches, and a nan in the branch not taken poisons it. "
-                             "Replace a fully masked row's scores with 0 before the "
-                             "softmax, and zero its weights after."))
-    checked = ["values on shapes (3, 4) and (2, 3, 5, 6) with full-size, causal (L, S) "
-               "and padding (B, 1, 1, S) masks", "the mask's polarity (True = may attend)",
-               "a fully masked row gives zeros", "overflow [1000, 0]",
-               f"the dtype kept ({_dtype_words(session)})", "the device kept",
-               "the inputs not modified"] + (
+        want = torch.autograd.functional.vjp(
+            lambda t: _softmax_t(t, low_mask), s, grad_out
+        )[1]
+        session.gradient(
+            "random scores of shape (4, 6) (float64) with a random mask "
+            "whose row 2 is fully masked",
+            [("scores", s), ("mask", low_mask)],
+            wrt={"scores"},
+            shapes=[s.shape],
+            output_grads=[grad_out],
+            want={"scores": want},
+            forward=_masked_reference(s, low_mask),
+            hint=(
+                "The forward pass may give zeros and the backward pass "
+                "still nan: torch.where(c, a, b) sends gradient into both "
+                "branches, and a nan in the branch not taken poisons it. "
+                "Replace a fully masked row's scores with 0 before the "
+                "softmax, and zero its weights after."
+            ),
+        )
+    checked = [
+        "values on shapes (3, 4) and (2, 3, 5, 6) with full-size, causal (L, S) "
+        "and padding (B, 1, 1, S) masks",
+        "the mask's polarity (True = may attend)",
+        "a fully masked row gives zeros",
+        "overflow [1000, 0]",
+        f"the dtype kept ({_dtype_words(session)})",
+        "the device kept",
+        "the inputs not modified",
+    ] + (
         ["the gradient, by autograd, finite and zero on a fully masked row"]
-        if gradient and not session.numpy else [])
+        if gradient and not session.numpy
+        else []
+    )
     return session.report("check_masked_softmax", checked)
 
 
@@ -1294,31 +1707,52 @@ def _attention_t(q, k, v, mask=None) -> Tensor:
 def _attention_candidates(q, k, v, mask) -> list[Candidate]:
     d, dv = q.shape[-1], v.shape[-1]
     found = [
-        ("no scale", _attention_np(q, k, v, mask, 1.0),
-         "That is attention without the scale: multiply the scores q @ k^T by "
-         "1/sqrt(D), D the size of the last dimension of q and k."),
-        ("1/D", _attention_np(q, k, v, mask, 1 / d),
-         "You scaled the scores by 1/D; the scale is 1/sqrt(D), D the size of the last "
-         "dimension of q and k."),
-        ("queries", _attention_np(q, k, v, mask, axis=-2),
-         "You normalized over the queries (dim=-2): each query's weights must sum to one "
-         "over the keys, the last dimension of the scores (dim=-1)."),
+        (
+            "no scale",
+            _attention_np(q, k, v, mask, 1.0),
+            "That is attention without the scale: multiply the scores q @ k^T by "
+            "1/sqrt(D), D the size of the last dimension of q and k.",
+        ),
+        (
+            "1/D",
+            _attention_np(q, k, v, mask, 1 / d),
+            "You scaled the scores by 1/D; the scale is 1/sqrt(D), D the size of the "
+            "last dimension of q and k.",
+        ),
+        (
+            "queries",
+            _attention_np(q, k, v, mask, axis=-2),
+            "You normalized over the queries (dim=-2): each query's weights must sum "
+            "to one over the keys, the last dimension of the scores (dim=-1).",
+        ),
     ]
     if dv != d:
-        found.append(("1/sqrt(Dv)", _attention_np(q, k, v, mask, 1 / math.sqrt(dv)),
-                      "You scaled by the square root of the values' dimension; the scale "
-                      "uses the dimension of the queries and keys, 1/sqrt(D) with D = "
-                      "q.shape[-1]."))
+        found.append(
+            (
+                "1/sqrt(Dv)",
+                _attention_np(q, k, v, mask, 1 / math.sqrt(dv)),
+                "You scaled by the square root of the values' dimension; the scale "
+                "uses the dimension of the queries and keys, 1/sqrt(D) with D = "
+                "q.shape[-1].",
+            )
+        )
     if mask is not None:
-        found += [("polarity", _attention_np(q, k, v, ~mask), _POLARITY_HINT),
-                  ("ignored", _attention_np(q, k, v), _IGNORED_HINT)]
+        found += [
+            ("polarity", _attention_np(q, k, v, ~mask), _POLARITY_HINT),
+            ("ignored", _attention_np(q, k, v), _IGNORED_HINT),
+        ]
         if bool((~mask.any(dim=-1)).any()):
-            found.append(("finite fill", _attention_np(q, k, v, mask, fill=-1e9),
-                          "A query whose mask row is all False came back as the "
-                          "average of all the values: that is what a finite fill such "
-                          "as -1e9 does (every score equal, so the softmax is uniform). "
-                          "Use -inf for masked scores, and give a query with nothing to "
-                          "attend to zero weights and a zero output."))
+            found.append(
+                (
+                    "finite fill",
+                    _attention_np(q, k, v, mask, fill=-1e9),
+                    "A query whose mask row is all False came back as the "
+                    "average of all the values: that is what a finite fill such "
+                    "as -1e9 does (every score equal, so the softmax is uniform). "
+                    "Use -inf for masked scores, and give a query with nothing to "
+                    "attend to zero weights and a zero output.",
+                )
+            )
     return found
 
 
@@ -1326,29 +1760,48 @@ def _attention_explain(mask):
     def explain(got: Tensor, want: Tensor) -> str:
         if bool(got.isnan().any()):
             if mask is not None and bool((~mask.any(dim=-1)).any()):
-                return ("A query whose mask row is all False has nothing to attend to: "
-                        "its output must be zeros, not nan. " + _EMPTY_NAN_HINT)
+                return (
+                    "A query whose mask row is all False has nothing to attend to: "
+                    "its output must be zeros, not nan. " + _EMPTY_NAN_HINT
+                )
             return _MAX_HINT + " (Or use a stable softmax such as torch.softmax.)"
-        return ("Compare with softmax(q @ k.transpose(-2, -1) / sqrt(D), dim=-1) @ v, "
-                "masked entries at -inf.")
+        return (
+            "Compare with softmax(q @ k.transpose(-2, -1) / sqrt(D), dim=-1) @ v, "
+            "masked entries at -inf."
+        )
+
     return explain
 
 
 def _attention_case(session, label, q, k, v, mask=None, *, keyword=True) -> bool:
     kwargs = [("mask", mask)] if keyword else []
-    shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], v.shape[-1])
+    shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (
+        q.shape[-2],
+        v.shape[-1],
+    )
     out = session.call(label, [("q", q), ("k", k), ("v", v)], kwargs, shapes=[shape])
     if out is None:
         return False
     if session.dtype(label, out, q.dtype):
-        session.values(label, out, _attention_np(q, k, v, mask), q.dtype,
-                       candidates=lambda: _attention_candidates(q, k, v, mask),
-                       explain=_attention_explain(mask))
+        session.values(
+            label,
+            out,
+            _attention_np(q, k, v, mask),
+            q.dtype,
+            candidates=lambda: _attention_candidates(q, k, v, mask),
+            explain=_attention_explain(mask),
+        )
     return True
 
 
-def check_attention(fn: Callable, *, masks: bool = True, numpy: bool = False,
-                    gradient: bool = True, device=None) -> CheckReport:
+def check_attention(
+    fn: Callable,
+    *,
+    masks: bool = True,
+    numpy: bool = False,
+    gradient: bool = True,
+    device=None,
+) -> CheckReport:
     r"""Check a student's attention, ``fn(q, k, v, mask=None)`` returning the output.
 
     .. math:: \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{D}},\ \text{mask}\right) V
@@ -1401,8 +1854,14 @@ def check_attention(fn: Callable, *, masks: bool = True, numpy: bool = False,
     session = _Session(fn, "your attention", numpy=numpy, device=device)
     g = _generator(5)
     q, k, v = _randn(g, 4, 8), _randn(g, 6, 8), _randn(g, 6, 5)
-    if not _attention_case(session, "q (4, 8), k (6, 8), v (6, 5) (float64), no mask",
-                           q, k, v, keyword=False):
+    if not _attention_case(
+        session,
+        "q (4, 8), k (6, 8), v (6, 5) (float64), no mask",
+        q,
+        k,
+        v,
+        keyword=False,
+    ):
         session.stopped = True
         return session.report("check_attention", [])
     qb, kb, vb = _randn(g, 2, 3, 5, 16), _randn(g, 2, 3, 7, 16), _randn(g, 2, 3, 7, 4)
@@ -1414,40 +1873,97 @@ def check_attention(fn: Callable, *, masks: bool = True, numpy: bool = False,
     empty[3] = False
     if masks:
         _attention_case(session, batched + ", a causal mask (5, 7)", qb, kb, vb, causal)
-        _attention_case(session, batched + ", a padding mask (2, 1, 1, 7) with lengths 7 "
-                        "and 4", qb, kb, vb, padding)
-        _attention_case(session, batched + ", a causal mask whose query 3 may attend to "
-                        "nothing", qb, kb, vb, empty)
+        _attention_case(
+            session,
+            batched + ", a padding mask (2, 1, 1, 7) with lengths 7 and 4",
+            qb,
+            kb,
+            vb,
+            padding,
+        )
+        _attention_case(
+            session,
+            batched + ", a causal mask whose query 3 may attend to nothing",
+            qb,
+            kb,
+            vb,
+            empty,
+        )
     qo = torch.tensor([[50.0] * 4, [0.0] * 4], dtype=F64)
     ko = torch.tensor([[10.0] * 4, [0.0] * 4, [-10.0] * 4], dtype=F64)
     vo = _randn(g, 3, 2)
-    _attention_case(session, "q (2, 4), k (3, 4) with scores q k^T / sqrt(D) up to 1000 "
-                    "(overflow)", qo, ko, vo, keyword=False)
+    _attention_case(
+        session,
+        "q (2, 4), k (3, 4) with scores q k^T / sqrt(D) up to 1000 (overflow)",
+        qo,
+        ko,
+        vo,
+        keyword=False,
+    )
     for dtype in _dtypes(session):
-        _attention_case(session, f"q (4, 8), k (6, 8), v (6, 5) ({_dtype(dtype)})",
-                        q.to(dtype), k.to(dtype), v.to(dtype), keyword=False)
+        _attention_case(
+            session,
+            f"q (4, 8), k (6, 8), v (6, 5) ({_dtype(dtype)})",
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            keyword=False,
+        )
     q32, k32, v32 = q.float(), k.float(), v.float()
-    session.on_device("float32 q, k, v on the accelerator", [("q", q32), ("k", k32),
-                      ("v", v32)], shapes=[(4, 5)], want=_attention_np(q32, k32, v32))
+    session.on_device(
+        "float32 q, k, v on the accelerator",
+        [("q", q32), ("k", k32), ("v", v32)],
+        shapes=[(4, 5)],
+        want=_attention_np(q32, k32, v32),
+    )
     if gradient and not session.numpy:
         grad_out = _randn(g, 2, 3, 5, 4)
         mask = empty if masks else None
         want = torch.autograd.functional.vjp(
-            lambda a, b, c: _attention_t(a, b, c, mask), (qb, kb, vb), grad_out)[1]
-        session.gradient(batched + (", a causal mask whose query 3 may attend to nothing"
-                                    if masks else ", no mask"),
-                         [("q", qb), ("k", kb), ("v", vb)], [("mask", mask)] if masks else [],
-                         wrt={"q", "k", "v"}, shapes=[(2, 3, 5, 4)],
-                         output_grads=[grad_out], want=dict(zip("qkv", want)),
-                         forward=_attention_np(qb, kb, vb, mask))
-    checked = ["values on (L, D) and (B, H, L, D) inputs with L != S and D != Dv",
-               "the 1/sqrt(D) scale", "the softmax over the keys"] + (
-        ["causal and padding masks (True = may attend)",
-         "a query with nothing to attend gives zeros"] if masks else []) + ["overflow",
-               f"the dtype kept ({_dtype_words(session)})", "the device kept",
-               "the inputs not modified"] + (
-        ["the gradients with respect to q, k and v"] if gradient and not session.numpy
-        else []) + ([] if masks else ["not checked with masks=False: masks"])
+            lambda a, b, c: _attention_t(a, b, c, mask), (qb, kb, vb), grad_out
+        )[1]
+        session.gradient(
+            batched
+            + (
+                ", a causal mask whose query 3 may attend to nothing"
+                if masks
+                else ", no mask"
+            ),
+            [("q", qb), ("k", kb), ("v", vb)],
+            [("mask", mask)] if masks else [],
+            wrt={"q", "k", "v"},
+            shapes=[(2, 3, 5, 4)],
+            output_grads=[grad_out],
+            want=dict(zip("qkv", want)),
+            forward=_attention_np(qb, kb, vb, mask),
+        )
+    checked = (
+        [
+            "values on (L, D) and (B, H, L, D) inputs with L != S and D != Dv",
+            "the 1/sqrt(D) scale",
+            "the softmax over the keys",
+        ]
+        + (
+            [
+                "causal and padding masks (True = may attend)",
+                "a query with nothing to attend gives zeros",
+            ]
+            if masks
+            else []
+        )
+        + [
+            "overflow",
+            f"the dtype kept ({_dtype_words(session)})",
+            "the device kept",
+            "the inputs not modified",
+        ]
+        + (
+            ["the gradients with respect to q, k and v"]
+            if gradient and not session.numpy
+            else []
+        )
+        + ([] if masks else ["not checked with masks=False: masks"])
+    )
     return session.report("check_attention", checked)
 
 
@@ -1457,31 +1973,59 @@ def check_attention(fn: Callable, *, masks: bool = True, numpy: bool = False,
 
 def _backward_candidates(s: Tensor, g: Tensor) -> list[Candidate]:
     found = [
-        ("no sum", s * g, "That is s * g: it misses the term -s_i * sum_j s_j g_j, which "
-         "comes from the denominator that couples every entry of the row. Return "
-         "s * (g - (s * g).sum(dim=-1, keepdim=True))."),
-        ("sign", -_vjp(s, g), "The sign is flipped: the gradient is s * (g - s . g), "
-         "not s * (s . g - g)."),
-        ("unweighted", s * (g - g.sum(-1, keepdim=True)), "The sum must be weighted by "
-         "s: s . g = sum_j s_j g_j, not sum_j g_j."),
-        ("no s", g - (s * g).sum(-1, keepdim=True), "Multiply by s: the gradient is "
-         "s * (g - s . g), and it is 0 wherever s is 0."),
-        ("scores", _vjp(torch.softmax(s, -1), g), "Your function seems to apply the "
-         "softmax to its first argument. s is already the softmax output (as in "
-         "sb.softmax_backward(s, grad_output)): use it as it is."),
+        (
+            "no sum",
+            s * g,
+            "That is s * g: it misses the term -s_i * sum_j s_j g_j, which "
+            "comes from the denominator that couples every entry of the row. Return "
+            "s * (g - (s * g).sum(dim=-1, keepdim=True)).",
+        ),
+        (
+            "sign",
+            -_vjp(s, g),
+            "The sign is flipped: the gradient is s * (g - s . g), "
+            "not s * (s . g - g).",
+        ),
+        (
+            "unweighted",
+            s * (g - g.sum(-1, keepdim=True)),
+            "The sum must be weighted by s: s . g = sum_j s_j g_j, not sum_j g_j.",
+        ),
+        (
+            "no s",
+            g - (s * g).sum(-1, keepdim=True),
+            "Multiply by s: the gradient is "
+            "s * (g - s . g), and it is 0 wherever s is 0.",
+        ),
+        (
+            "scores",
+            _vjp(torch.softmax(s, -1), g),
+            "Your function seems to apply the "
+            "softmax to its first argument. s is already the softmax output (as in "
+            "sb.softmax_backward(s, grad_output)): use it as it is.",
+        ),
     ]
     for d in range(s.dim() - 1):
-        found.append((f"dim {d}", _vjp(s, g, dim=d), f"You summed s * g along dim={d}; "
-                      f"the sum runs over the row, the last dimension (dim=-1)."))
+        found.append(
+            (
+                f"dim {d}",
+                _vjp(s, g, dim=d),
+                f"You summed s * g along dim={d}; "
+                f"the sum runs over the row, the last dimension (dim=-1).",
+            )
+        )
     return found
 
 
 def _backward_explain(got: Tensor, want: Tensor) -> str:
     if bool(got.isnan().any()):
-        return ("nan appeared: the gradient needs no division and no log; it is 0 "
-                "wherever s is 0, including a row of zeros (a fully masked query).")
+        return (
+            "nan appeared: the gradient needs no division and no log; it is 0 "
+            "wherever s is 0, including a row of zeros (a fully masked query)."
+        )
     return _rows_sum_hint(got, 0.0, "rows") or (
-        "Compare with s * (g - (s * g).sum(dim=-1, keepdim=True)).")
+        "Compare with s * (g - (s * g).sum(dim=-1, keepdim=True))."
+    )
 
 
 def _backward_case(session, label, s, grad) -> bool:
@@ -1489,14 +2033,20 @@ def _backward_case(session, label, s, grad) -> bool:
     if out is None:
         return False
     if session.dtype(label, out, s.dtype):
-        session.values(label, out, _vjp(s.to(F64), grad.to(F64)), s.dtype,
-                       candidates=lambda: _backward_candidates(s.to(F64), grad.to(F64)),
-                       explain=_backward_explain)
+        session.values(
+            label,
+            out,
+            _vjp(s.to(F64), grad.to(F64)),
+            s.dtype,
+            candidates=lambda: _backward_candidates(s.to(F64), grad.to(F64)),
+            explain=_backward_explain,
+        )
     return True
 
 
-def check_softmax_backward(fn: Callable, *, numpy: bool = False,
-                           device=None) -> CheckReport:
+def check_softmax_backward(
+    fn: Callable, *, numpy: bool = False, device=None
+) -> CheckReport:
     r"""Check a student's softmax backward pass, ``fn(s, grad_output)``.
 
     ``s`` is the softmax **output** (not the scores) and ``grad_output`` the
@@ -1541,8 +2091,12 @@ def check_softmax_backward(fn: Callable, *, numpy: bool = False,
     session = _Session(fn, "your softmax backward", numpy=numpy, device=device)
     s = torch.softmax(torch.tensor([1.0, 0.5, 2.5, -0.1], dtype=F64), -1)
     grad = torch.tensor([0.3, -1.0, 0.5, 2.0], dtype=F64)
-    if not _backward_case(session, f"s = softmax([1, 0.5, 2.5, -0.1]) and grad_output "
-                          f"{_fmt(grad)} (float64)", s, grad):
+    if not _backward_case(
+        session,
+        f"s = softmax([1, 0.5, 2.5, -0.1]) and grad_output {_fmt(grad)} (float64)",
+        s,
+        grad,
+    ):
         session.stopped = True
         return session.report("check_softmax_backward", [])
     g = _generator(6)
@@ -1551,24 +2105,44 @@ def check_softmax_backward(fn: Callable, *, numpy: bool = False,
         s = torch.softmax(_randn(g, *shape, scale=2.0), -1)
         grad = _randn(g, *shape)
         inputs.append((s, grad))
-        _backward_case(session, f"s = softmax of random scores of shape {shape} and a "
-                       f"random grad_output (float64)", s, grad)
+        _backward_case(
+            session,
+            f"s = softmax of random scores of shape {shape} and a "
+            f"random grad_output (float64)",
+            s,
+            grad,
+        )
     s = _softmax_t(torch.tensor([[1.0, 0.5, -INF, -INF], [-INF] * 4], dtype=F64))
     grad = torch.tensor([[0.3, -1.0, 0.5, 2.0], [1.0, 2.0, 3.0, 4.0]], dtype=F64)
-    _backward_case(session, "s [[0.6225, 0.3775, 0, 0], [0, 0, 0, 0]] (masked keys and "
-                   "a fully masked row) and grad_output [[0.3, -1, 0.5, 2], [1, 2, 3, 4]]",
-                   s, grad)
+    _backward_case(
+        session,
+        "s [[0.6225, 0.3775, 0, 0], [0, 0, 0, 0]] (masked keys and "
+        "a fully masked row) and grad_output [[0.3, -1, 0.5, 2], [1, 2, 3, 4]]",
+        s,
+        grad,
+    )
     s, grad = inputs[0]
     for dtype in _dtypes(session):
-        _backward_case(session, f"s = softmax of random scores of shape (3, 7) and a "
-                       f"random grad_output ({_dtype(dtype)})", s.to(dtype), grad.to(dtype))
-    session.on_device("float32 s and grad_output on the accelerator",
-                      [("s", s.float()), ("grad_output", grad.float())], shapes=[s.shape],
-                      want=_vjp(s, grad))
-    checked = ["values against autograd on shapes (4,), (3, 7), (2, 3, 4, 5)",
-               "zero weights and a fully masked row give zero gradients",
-               f"the dtype kept ({_dtype_words(session)})", "the device kept",
-               "the inputs not modified"]
+        _backward_case(
+            session,
+            f"s = softmax of random scores of shape (3, 7) and a "
+            f"random grad_output ({_dtype(dtype)})",
+            s.to(dtype),
+            grad.to(dtype),
+        )
+    session.on_device(
+        "float32 s and grad_output on the accelerator",
+        [("s", s.float()), ("grad_output", grad.float())],
+        shapes=[s.shape],
+        want=_vjp(s, grad),
+    )
+    checked = [
+        "values against autograd on shapes (4,), (3, 7), (2, 3, 4, 5)",
+        "zero weights and a fully masked row give zero gradients",
+        f"the dtype kept ({_dtype_words(session)})",
+        "the device kept",
+        "the inputs not modified",
+    ]
     return session.report("check_softmax_backward", checked, "the device")
 
 
@@ -1592,8 +2166,9 @@ def _top_p_shifted(z: np.ndarray, p: float, shift: int) -> np.ndarray:
     probs = reference.softmax(np.take_along_axis(z, order, axis=-1))
     size = ((np.cumsum(probs, axis=-1) - probs) < p).sum(axis=-1, keepdims=True) + shift
     ranks = np.empty(z.shape, dtype=int)
-    np.put_along_axis(ranks, order, np.broadcast_to(np.arange(z.shape[-1]), z.shape),
-                      axis=-1)
+    np.put_along_axis(
+        ranks, order, np.broadcast_to(np.arange(z.shape[-1]), z.shape), axis=-1
+    )
     return np.where(ranks < np.clip(size, 1, None), z, -np.inf)
 
 
@@ -1601,37 +2176,58 @@ def _top_p_candidates(z: Tensor, p: float) -> list[Candidate]:
     zs = _np(z)
     want = _top_p_np(zs, p)
     return [
-        ("one fewer", _t(_top_p_shifted(zs, p, -1)),
-         f"You dropped the token that makes the kept mass reach p = {p}: the nucleus is "
-         f"the smallest set whose mass is >= p, so keep a token while the mass ranked "
-         f"*above* it is still < p (cumsum - probs < p)."),
-        ("one more", _t(_top_p_shifted(zs, p, 1)),
-         f"You kept one token too many: stop as soon as the kept mass reaches p = {p} "
-         f"(keep a token while the mass ranked above it is < p)."),
-        ("sorted", _t(-np.sort(-want, axis=-1)),
-         "That is the filtered row in sorted order: return the logits in their original "
-         "order (compare each logit with the threshold, or scatter back)."),
-        ("zeros", _t(np.where(np.isinf(want), 0.0, want)),
-         "Removed tokens must be -inf, not 0, so that the softmax gives them exactly 0."),
-        ("probabilities", _t(np.where(np.isinf(want), 0.0, reference.softmax(want))),
-         "Those are probabilities: return the filtered logits (removed ones at -inf)."),
+        (
+            "one fewer",
+            _t(_top_p_shifted(zs, p, -1)),
+            f"You dropped the token that makes the kept mass reach p = {p}: the "
+            "nucleus is the smallest set whose mass is >= p, so keep a token while "
+            "the mass ranked *above* it is still < p (cumsum - probs < p).",
+        ),
+        (
+            "one more",
+            _t(_top_p_shifted(zs, p, 1)),
+            "You kept one token too many: stop as soon as the kept mass reaches p = "
+            f"{p} (keep a token while the mass ranked above it is < p).",
+        ),
+        (
+            "sorted",
+            _t(-np.sort(-want, axis=-1)),
+            "That is the filtered row in sorted order: return the logits in their "
+            "original order (compare each logit with the threshold, or scatter back).",
+        ),
+        (
+            "zeros",
+            _t(np.where(np.isinf(want), 0.0, want)),
+            "Removed tokens must be -inf, not 0, so that the softmax gives them 0.",
+        ),
+        (
+            "probabilities",
+            _t(np.where(np.isinf(want), 0.0, reference.softmax(want))),
+            "Those are probabilities: return the filtered logits (-inf where removed).",
+        ),
     ]
 
 
 def _top_p_explain(got: Tensor, want: Tensor) -> str:
     kept_got, kept_want = torch.isfinite(got).sum(-1), torch.isfinite(want).sum(-1)
     if bool((kept_got == 0).any()):
-        return ("Every token was removed from a row: the most probable token has no mass "
-                "above it, so it is always kept.")
+        return (
+            "Every token was removed from a row: the most probable token has no mass "
+            "above it, so it is always kept."
+        )
     if not torch.equal(kept_got, kept_want):
-        return (f"You kept {_fmt(kept_got.reshape(-1), 4)} tokens per row where the "
-                f"nucleus has {_fmt(kept_want.reshape(-1), 4)}. Sort the probabilities "
-                f"of each row in decreasing order and keep a token while the mass ranked "
-                f"above it is < p.")
+        return (
+            f"You kept {_fmt(kept_got.reshape(-1), 4)} tokens per row where the "
+            f"nucleus has {_fmt(kept_want.reshape(-1), 4)}. Sort the probabilities "
+            f"of each row in decreasing order and keep a token while the mass ranked "
+            f"above it is < p."
+        )
     return "The kept logits must be returned unchanged, the others set to -inf."
 
 
-def check_top_p_filter(fn: Callable, *, numpy: bool = False, device=None) -> CheckReport:
+def check_top_p_filter(
+    fn: Callable, *, numpy: bool = False, device=None
+) -> CheckReport:
     r"""Check a student's top-p (nucleus) filter, ``fn(logits, p)``.
 
     With the probabilities :math:`\pi = \mathrm{softmax}(z)` of a row sorted
@@ -1673,13 +2269,19 @@ def check_top_p_filter(fn: Callable, *, numpy: bool = False, device=None) -> Che
             session.stopped = True
             return session.report("check_top_p_filter", [], "the device")
     x = z.float()  # the last input: a batch
-    session.on_device("float32 logits on the accelerator and p = 0.8",
-                      [("logits", x), ("p", _Scalar(0.8))], shapes=[x.shape],
-                      want=_t(_top_p_np(_np(x), 0.8)))
-    checked = ["the nucleus on unsorted rows, for p = 0.2, 0.7, 0.8, 0.9 and 1",
-               "batched rows with different nucleus sizes",
-               "the dtype kept (float64, float32)", "the device kept",
-               "the logits not modified"]
+    session.on_device(
+        "float32 logits on the accelerator and p = 0.8",
+        [("logits", x), ("p", _Scalar(0.8))],
+        shapes=[x.shape],
+        want=_t(_top_p_np(_np(x), 0.8)),
+    )
+    checked = [
+        "the nucleus on unsorted rows, for p = 0.2, 0.7, 0.8, 0.9 and 1",
+        "batched rows with different nucleus sizes",
+        "the dtype kept (float64, float32)",
+        "the device kept",
+        "the logits not modified",
+    ]
     return session.report("check_top_p_filter", checked, "the device")
 
 
@@ -1693,12 +2295,19 @@ def _top_p_inputs() -> list[tuple[str, Tensor, float]]:
     zipf = torch.stack([-2.0 * ranks.log(), -0.5 * ranks.log()])  # (2, 40)
     zipf = zipf[:, torch.randperm(40, generator=g)]
     batch = _randn(g, 2, 3, 20, scale=2.0)
-    return [(basic + "0.7", z, 0.7), (basic + "0.2", z, 0.2), (basic + "1", z, 1.0),
-            ("two unsorted rows of 40 logits, one peaked and one flat (float64), and "
-             "p = 0.9", zipf, 0.9),
-            ("random logits of shape (2, 3, 20) (float64) and p = 0.8", batch, 0.8),
-            ("random logits of shape (2, 3, 20) (float32) and p = 0.8", batch.float(),
-             0.8)]
+    return [
+        (basic + "0.7", z, 0.7),
+        (basic + "0.2", z, 0.2),
+        (basic + "1", z, 1.0),
+        (
+            "two unsorted rows of 40 logits, one peaked and one flat (float64), and "
+            "p = 0.9",
+            zipf,
+            0.9,
+        ),
+        ("random logits of shape (2, 3, 20) (float64) and p = 0.8", batch, 0.8),
+        ("random logits of shape (2, 3, 20) (float32) and p = 0.8", batch.float(), 0.8),
+    ]
 
 
 class _Scalar:
@@ -1713,8 +2322,14 @@ def _top_p_run(session: _Session, label: str, z: Tensor, p: float) -> bool:
     if out is None:
         return False
     if session.dtype(label, out, z.dtype):
-        session.values(label, out, _t(_top_p_np(_np(z), p)), z.dtype,
-                       candidates=lambda: _top_p_candidates(z, p), explain=_top_p_explain)
+        session.values(
+            label,
+            out,
+            _t(_top_p_np(_np(z), p)),
+            z.dtype,
+            candidates=lambda: _top_p_candidates(z, p),
+            explain=_top_p_explain,
+        )
     return True
 
 
@@ -1740,18 +2355,27 @@ def _merge_np(oa, la, ob, lb) -> tuple[Tensor, Tensor]:
 
 def _merge_t(oa, la, ob, lb) -> tuple[Tensor, Tensor]:
     lse = torch.logaddexp(la, lb)
-    return (torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob,
-            lse)
+    return (
+        torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob,
+        lse,
+    )
 
 
 def _merge_candidates(oa, la, ob, lb) -> list[Candidate]:
     return [
-        ("unnormalized", (la.exp()[..., None] * oa + lb.exp()[..., None] * ob),
-         "Weight each part by its share of the total mass, exp(lse_a - lse) and "
-         "exp(lse_b - lse), which sum to one; exp(lse_a) and exp(lse_b) alone do not."),
-        ("average", (oa + ob) / 2,
-         "An average ignores how much softmax mass each part holds: weight each part by "
-         "exp(lse_part - lse), with lse = log(exp(lse_a) + exp(lse_b))."),
+        (
+            "unnormalized",
+            (la.exp()[..., None] * oa + lb.exp()[..., None] * ob),
+            "Weight each part by its share of the total mass, exp(lse_a - lse) and "
+            "exp(lse_b - lse), which sum to one; exp(lse_a) and exp(lse_b) alone do "
+            "not.",
+        ),
+        (
+            "average",
+            (oa + ob) / 2,
+            "An average ignores how much softmax mass each part holds: weight each "
+            "part by exp(lse_part - lse), with lse = log(exp(lse_a) + exp(lse_b)).",
+        ),
     ]
 
 
@@ -1759,14 +2383,20 @@ def _merge_explain(got: Tensor, want: Tensor) -> str:
     overflow = bool((torch.isinf(got) & torch.isfinite(want)).any())
     if bool(got.isnan().any()) or overflow:
         if bool(torch.isneginf(want).any()) or bool((want == 0).all()):
-            return ("When both parts are empty (lse = -inf), -inf - (-inf) is nan: an "
-                    "empty merge gives out = 0 and lse = -inf. Shift by the maximum only "
-                    "where it is finite.")
-        return ("exp(lse) overflows or underflows for lse = +-1000: shift by "
-                "m = max(lse_a, lse_b) before exp, as the stable softmax does, and "
-                "compute lse = m + log(exp(lse_a - m) + exp(lse_b - m)).")
-    return ("The merged logsumexp is log(exp(lse_a) + exp(lse_b)), and the merged output "
-            "exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b.")
+            return (
+                "When both parts are empty (lse = -inf), -inf - (-inf) is nan: an "
+                "empty merge gives out = 0 and lse = -inf. Shift by the maximum only "
+                "where it is finite."
+            )
+        return (
+            "exp(lse) overflows or underflows for lse = +-1000: shift by "
+            "m = max(lse_a, lse_b) before exp, as the stable softmax does, and "
+            "compute lse = m + log(exp(lse_a - m) + exp(lse_b - m))."
+        )
+    return (
+        "The merged logsumexp is log(exp(lse_a) + exp(lse_b)), and the merged output "
+        "exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b."
+    )
 
 
 def _merge_run(session, label, oa, la, ob, lb, want) -> bool:
@@ -1777,15 +2407,24 @@ def _merge_run(session, label, oa, la, ob, lb, want) -> bool:
     out_got, lse_got = out
     if session.dtype(label, out_got, oa.dtype):
         f64 = [t.to(F64) for t in (oa, la, ob, lb)]
-        session.values(label, out_got, want[0], oa.dtype, what="an output",
-                       candidates=lambda: _merge_candidates(*f64), explain=_merge_explain)
-    session.values(label, lse_got, want[1], la.dtype, what="an lse",
-                   explain=_merge_explain)
+        session.values(
+            label,
+            out_got,
+            want[0],
+            oa.dtype,
+            what="an output",
+            candidates=lambda: _merge_candidates(*f64),
+            explain=_merge_explain,
+        )
+    session.values(
+        label, lse_got, want[1], la.dtype, what="an lse", explain=_merge_explain
+    )
     return True
 
 
-def check_merge_attention_states(fn: Callable, *, numpy: bool = False,
-                                 gradient: bool = True, device=None) -> CheckReport:
+def check_merge_attention_states(
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+) -> CheckReport:
     r"""Check a student's merge of two partial attention results over disjoint keys.
 
     ``fn(out_a, lse_a, out_b, lse_b)`` returns ``(out, lse)``: attention over
@@ -1793,7 +2432,8 @@ def check_merge_attention_states(fn: Callable, *, numpy: bool = False,
     :func:`softmaxbook.merge_attention_states` does,
 
     .. math:: \mathrm{lse} = \log(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}), \qquad
-              o = e^{\mathrm{lse}_a - \mathrm{lse}} o_a + e^{\mathrm{lse}_b - \mathrm{lse}} o_b .
+              o = e^{\mathrm{lse}_a - \mathrm{lse}} o_a
+                  + e^{\mathrm{lse}_b - \mathrm{lse}} o_b .
 
     ``out_a``, ``out_b`` are ``(..., L, Dv)`` and ``lse_a``, ``lse_b``
     ``(..., L)``. Checked: agreement with attention over all the keys for
@@ -1834,50 +2474,90 @@ def check_merge_attention_states(fn: Callable, *, numpy: bool = False,
         session.stopped = True
         return session.report("check_merge_attention_states", [])
     out_a, lse_a, out_b, lse_b = first
-    _merge_run(session, split + ", in the other order", out_b, lse_b, out_a, lse_a, want)
+    _merge_run(
+        session, split + ", in the other order", out_b, lse_b, out_a, lse_a, want
+    )
     q2, k2, v2 = _randn(g, 2, 2, 4, 8), _randn(g, 2, 2, 9, 8), _randn(g, 2, 2, 9, 3)
-    second = (*_partial(q2, k2[..., :7, :], v2[..., :7, :]),
-              *_partial(q2, k2[..., 7:, :], v2[..., 7:, :]))
-    _merge_run(session, "parts over keys 0-6 and 7-8 of random q (2, 2, 4, 8), k, v "
-               "(float64)", *second, _partial(q2, k2, v2))
+    second = (
+        *_partial(q2, k2[..., :7, :], v2[..., :7, :]),
+        *_partial(q2, k2[..., 7:, :], v2[..., 7:, :]),
+    )
+    _merge_run(
+        session,
+        "parts over keys 0-6 and 7-8 of random q (2, 2, 4, 8), k, v (float64)",
+        *second,
+        _partial(q2, k2, v2),
+    )
     o1, o2 = _randn(g, 2, 5), _randn(g, 2, 5)
-    for la, lb, words in [([1000.0, -1000.0], [999.0, -1001.0], "+-1000"),
-                          ([1.5, 0.3], [-INF, -INF], "part b empty"),
-                          ([-INF, -INF], [-INF, -INF], "both parts empty")]:
+    for la, lb, words in [
+        ([1000.0, -1000.0], [999.0, -1001.0], "+-1000"),
+        ([1.5, 0.3], [-INF, -INF], "part b empty"),
+        ([-INF, -INF], [-INF, -INF], "both parts empty"),
+    ]:
         la, lb = torch.tensor(la, dtype=F64), torch.tensor(lb, dtype=F64)
         oa = torch.zeros_like(o1) if bool(torch.isinf(la).all()) else o1
         ob = torch.zeros_like(o2) if bool(torch.isinf(lb).all()) else o2
-        _merge_run(session, f"outputs of shape (2, 5), lse_a {_fmt(la)} and lse_b "
-                   f"{_fmt(lb)} ({words})", oa, la, ob, lb, _merge_np(oa, la, ob, lb))
+        _merge_run(
+            session,
+            f"outputs of shape (2, 5), lse_a {_fmt(la)} and lse_b {_fmt(lb)} ({words})",
+            oa,
+            la,
+            ob,
+            lb,
+            _merge_np(oa, la, ob, lb),
+        )
     for dtype in _dtypes(session):
-        _merge_run(session, f"the parts of the first split in {_dtype(dtype)}",
-                   *[t.to(dtype) for t in first], want)
+        _merge_run(
+            session,
+            f"the parts of the first split in {_dtype(dtype)}",
+            *[t.to(dtype) for t in first],
+            want,
+        )
     names = ["out_a", "lse_a", "out_b", "lse_b"]
-    session.on_device("float32 parts on the accelerator",
-                      list(zip(names, [t.float() for t in first])),
-                      shapes=[out_a.shape, lse_a.shape], want=want, outputs=2)
+    session.on_device(
+        "float32 parts on the accelerator",
+        list(zip(names, [t.float() for t in first])),
+        shapes=[out_a.shape, lse_a.shape],
+        want=want,
+        outputs=2,
+    )
     if gradient and not session.numpy:
         grads = _randn(g, *out_a.shape), _randn(g, *lse_a.shape)
         want_grads = torch.autograd.functional.vjp(_merge_t, first, grads)[1]
-        session.gradient(split, list(zip(names, first)), wrt=set(names),
-                         shapes=[out_a.shape, lse_a.shape], outputs=2,
-                         output_grads=list(grads), want=dict(zip(names, want_grads)),
-                         forward=want)
-    checked = ["agreement with attention over all keys, two splits and batch shapes",
-               "both orders", "lse of +-1000", "an empty part and two empty parts",
-               f"the output's dtype kept ({_dtype_words(session)})", "the device kept",
-               "the inputs not modified"] + (
+        session.gradient(
+            split,
+            list(zip(names, first)),
+            wrt=set(names),
+            shapes=[out_a.shape, lse_a.shape],
+            outputs=2,
+            output_grads=list(grads),
+            want=dict(zip(names, want_grads)),
+            forward=want,
+        )
+    checked = [
+        "agreement with attention over all keys, two splits and batch shapes",
+        "both orders",
+        "lse of +-1000",
+        "an empty part and two empty parts",
+        f"the output's dtype kept ({_dtype_words(session)})",
+        "the device kept",
+        "the inputs not modified",
+    ] + (
         ["the gradients with respect to all four inputs"]
-        if gradient and not session.numpy else [])
+        if gradient and not session.numpy
+        else []
+    )
     return session.report("check_merge_attention_states", checked)
 
 
 # --------------------------------------------------------------------------------------
 # Attention entropy
 
-_XLOGX_HINT = ("0 * log(0) is 0 * (-inf) = nan in floating point, but the entropy uses "
-               "the limit 0 log 0 = 0: compute p * log(p) only where p > 0, e.g. "
-               "torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1)), 0).")
+_XLOGX_HINT = (
+    "0 * log(0) is 0 * (-inf) = nan in floating point, but the entropy uses "
+    "the limit 0 log 0 = 0: compute p * log(p) only where p > 0, e.g. "
+    "torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1)), 0)."
+)
 
 
 def _entropy_np(w: Tensor) -> Tensor:
@@ -1903,14 +2583,25 @@ def _entropy_candidates(w: Tensor) -> list[Candidate]:
     with np.errstate(divide="ignore", invalid="ignore"):
         rows = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
     return [
-        ("bits", want / math.log(2), "That is the entropy in bits (log2): the book "
-         "measures entropy in nats, with the natural log torch.log."),
+        (
+            "bits",
+            want / math.log(2),
+            "That is the entropy in bits (log2): the book "
+            "measures entropy in nats, with the natural log torch.log.",
+        ),
         ("sign", -want, "The sign is flipped: H(p) = -sum_i p_i log p_i is >= 0."),
-        ("all rows", _t(rows.mean(axis=-1)), "You averaged over every row, including rows "
-         "of zeros (queries with nothing to attend to), which count as entropy 0: leave "
-         "them out of the mean (divide by the number of rows with any weight)."),
-        ("sum", _t(rows.sum(axis=-1)), "You summed the rows' entropies: return their mean "
-         "over the live rows."),
+        (
+            "all rows",
+            _t(rows.mean(axis=-1)),
+            "You averaged over every row, including rows of zeros (queries with "
+            "nothing to attend to), which count as entropy 0: leave them out of the "
+            "mean (divide by the number of rows with any weight).",
+        ),
+        (
+            "sum",
+            _t(rows.sum(axis=-1)),
+            "You summed the rows' entropies: return their mean over the live rows.",
+        ),
     ]
 
 
@@ -1918,11 +2609,16 @@ def _entropy_explain(w: Tensor):
     def explain(got: Tensor, want: Tensor) -> str:
         if bool(got.isnan().any()):
             if not bool((w > 0).any()):
-                return ("A map whose rows are all zeros has no live row: return 0 for it "
-                        "(clamp the count of live rows at 1, and use 0 log 0 = 0).")
+                return (
+                    "A map whose rows are all zeros has no live row: return 0 for it "
+                    "(clamp the count of live rows at 1, and use 0 log 0 = 0)."
+                )
             return _XLOGX_HINT
-        return ("Compare with the mean, over the rows with any weight, of "
-                "-sum_j w_ij log w_ij.")
+        return (
+            "Compare with the mean, over the rows with any weight, of "
+            "-sum_j w_ij log w_ij."
+        )
+
     return explain
 
 
@@ -1940,25 +2636,37 @@ def _centered(grad: Tensor, support: Tensor) -> Tensor:
 
 def _entropy_shape_hint(got: tuple, w: Tensor) -> str:
     if got == tuple(w.shape[:-1]):
-        return (" That is one entropy per row (per query): return one number per map, "
-                "the mean over the rows that have any weight.")
+        return (
+            " That is one entropy per row (per query): return one number per map, "
+            "the mean over the rows that have any weight."
+        )
     return ""
 
 
 def _entropy_run(session, label, w) -> bool:
-    out = session.call(label, [("weights", w)], shapes=[w.shape[:-2]],
-                       shape_hint=lambda got, want: _entropy_shape_hint(got, w))
+    out = session.call(
+        label,
+        [("weights", w)],
+        shapes=[w.shape[:-2]],
+        shape_hint=lambda got, want: _entropy_shape_hint(got, w),
+    )
     if out is None:
         return False
     if session.dtype(label, out, w.dtype):
-        session.values(label, out, _entropy_np(w), w.dtype,
-                       candidates=lambda: _entropy_candidates(w),
-                       explain=_entropy_explain(w))
+        session.values(
+            label,
+            out,
+            _entropy_np(w),
+            w.dtype,
+            candidates=lambda: _entropy_candidates(w),
+            explain=_entropy_explain(w),
+        )
     return True
 
 
-def check_attention_entropy(fn: Callable, *, numpy: bool = False, gradient: bool = True,
-                            device=None) -> CheckReport:
+def check_attention_entropy(
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+) -> CheckReport:
     r"""Check a student's mean attention entropy, ``fn(weights)``, one number per map.
 
     .. math:: \bar H = \frac{1}{|R|} \sum_{i \in R} -\sum_j w_{ij} \log w_{ij},
@@ -2003,8 +2711,13 @@ def check_attention_entropy(fn: Callable, *, numpy: bool = False, gradient: bool
     True
     """
     session = _Session(fn, "your entropy function", numpy=numpy, device=device)
-    w = torch.softmax(torch.tensor([[1.0, 0.5, 2.5, -0.1], [0.0, 0.0, 1.0, 2.0],
-                                    [3.0, -1.0, 0.0, 0.5]], dtype=F64), -1)
+    w = torch.softmax(
+        torch.tensor(
+            [[1.0, 0.5, 2.5, -0.1], [0.0, 0.0, 1.0, 2.0], [3.0, -1.0, 0.0, 0.5]],
+            dtype=F64,
+        ),
+        -1,
+    )
     if not _entropy_run(session, "a softmax map of shape (3, 4) (float64)", w):
         session.stopped = True
         return session.report("check_attention_entropy", [])
@@ -2013,33 +2726,61 @@ def check_attention_entropy(fn: Callable, *, numpy: bool = False, gradient: bool
     _entropy_run(session, "random softmax maps of shape (2, 3, 5, 6) (float64)", maps)
     causal = _softmax_t(_randn(g, 5, 5), torch.ones(5, 5, dtype=torch.bool).tril())
     _entropy_run(session, "a causal map of shape (5, 5) (float64)", causal)
-    extremes = torch.stack([torch.eye(4, dtype=F64), torch.full((4, 4), 0.25, dtype=F64)])
-    _entropy_run(session, "a one-hot map and a uniform map, shape (2, 4, 4) (float64)",
-                 extremes)
+    extremes = torch.stack(
+        [torch.eye(4, dtype=F64), torch.full((4, 4), 0.25, dtype=F64)]
+    )
+    _entropy_run(
+        session, "a one-hot map and a uniform map, shape (2, 4, 4) (float64)", extremes
+    )
     padded = causal.clone()
     padded[2] = 0.0
-    _entropy_run(session, "a causal map (5, 5) whose row 2 is all zeros (float64)", padded)
-    _entropy_run(session, "a map of zeros, shape (1, 3, 4) (float64)",
-                 torch.zeros(1, 3, 4, dtype=F64))
-    _entropy_run(session, "random softmax maps of shape (2, 3, 5, 6) (float32)",
-                 maps.float())
-    session.on_device("a float32 map on the accelerator", [("weights", maps.float())],
-                      shapes=[(2, 3)], want=_entropy_np(maps))
+    _entropy_run(
+        session, "a causal map (5, 5) whose row 2 is all zeros (float64)", padded
+    )
+    _entropy_run(
+        session,
+        "a map of zeros, shape (1, 3, 4) (float64)",
+        torch.zeros(1, 3, 4, dtype=F64),
+    )
+    _entropy_run(
+        session, "random softmax maps of shape (2, 3, 5, 6) (float32)", maps.float()
+    )
+    session.on_device(
+        "a float32 map on the accelerator",
+        [("weights", maps.float())],
+        shapes=[(2, 3)],
+        want=_entropy_np(maps),
+    )
     if gradient and not session.numpy:
         grad_out = torch.tensor(1.0, dtype=F64)
         want = torch.autograd.functional.vjp(_entropy_t, padded, grad_out)[1]
-        session.gradient("a causal map (5, 5) whose row 2 is all zeros (float64)",
-                         [("weights", padded)], wrt={"weights"}, shapes=[()],
-                         output_grads=[grad_out], want={"weights": want},
-                         hint=_XLOGX_HINT, where=padded > 0,
-                         project=lambda grad: _centered(grad, padded > 0),
-                         forward=_entropy_np(padded))
-    checked = ["softmax maps of shapes (3, 4) and (2, 3, 5, 6)",
-               "exact zeros (0 log 0 = 0)", "one-hot and uniform rows",
-               "rows of zeros left out of the mean", "nats, not bits",
-               "the dtype kept (float64, float32)", "the device kept",
-               "the input not modified"] + (
-        ["a finite gradient, equal to the reference on each row's support (up to a "
-         "constant per row)"]
-        if gradient and not session.numpy else [])
+        session.gradient(
+            "a causal map (5, 5) whose row 2 is all zeros (float64)",
+            [("weights", padded)],
+            wrt={"weights"},
+            shapes=[()],
+            output_grads=[grad_out],
+            want={"weights": want},
+            hint=_XLOGX_HINT,
+            where=padded > 0,
+            project=lambda grad: _centered(grad, padded > 0),
+            forward=_entropy_np(padded),
+        )
+    checked = [
+        "softmax maps of shapes (3, 4) and (2, 3, 5, 6)",
+        "exact zeros (0 log 0 = 0)",
+        "one-hot and uniform rows",
+        "rows of zeros left out of the mean",
+        "nats, not bits",
+        "the dtype kept (float64, float32)",
+        "the device kept",
+        "the input not modified",
+    ] + (
+        [
+            "a finite gradient, equal to the reference on each row's support (up to a "
+            "constant per row)"
+        ]
+        if gradient and not session.numpy
+        else []
+    )
     return session.report("check_attention_entropy", checked)
