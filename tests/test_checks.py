@@ -1101,6 +1101,18 @@ def test_a_result_on_another_device_is_a_problem():
     )
 
 
+def test_an_in_place_change_does_not_leak_into_the_next_check():
+    """fn gets copies: after its in-place change the other inputs are still right."""
+    report = checks.check_top_p_filter(top_p_in_place)
+    assert len(report.problems) == 1, str(report)
+    assert "changed its argument logits in place" in report.problems[0]
+    report = checks.check_merge_attention_states(merge_in_place)
+    assert [p.split(",")[0] for p in report.problems] == [
+        "With parts over keys 0-1 and 2-5 of random q (2",  # the in-place change
+        "With parts over keys 0-1 and 2-5 of random q (2",  # autograd refuses it
+    ], str(report)
+
+
 def test_not_callable_is_an_error_of_the_caller():
     with pytest.raises(TypeError, match="fn must be a callable"):
         checks.check_softmax("softmax")

@@ -59,20 +59,14 @@ def _closes(line: str, fence: str) -> bool:
 
 
 def _end_of_block(lines: list[str], start: int, fence: str) -> int:
-    """Index of the line closing the block opened at ``start`` (or the last line)."""
-    depth_fences = [fence]
+    """Index of the line closing the block opened at ``start`` (or the last line).
+
+    A nested block uses a shorter fence (``:::`` inside ``::::``), so its closing
+    line is too short to close the outer one.
+    """
     for i in range(start + 1, len(lines)):
-        opened = _OPEN.match(lines[i])
-        if (
-            opened
-            and opened["fence"][0] == fence[0]
-            and len(opened["fence"]) < len(depth_fences[-1])
-        ):
-            depth_fences.append(opened["fence"])  # a nested directive of the same kind
-        elif _closes(lines[i], depth_fences[-1]):
-            depth_fences.pop()
-            if not depth_fences:
-                return i
+        if _closes(lines[i], fence):
+            return i
     return len(lines) - 1  # unclosed: MyST ends the block with the cell
 
 
