@@ -4,10 +4,14 @@ Each ``check_<name>(fn)`` calls a student's function ``fn`` on inputs chosen to
 reveal the usual mistakes, compares every result with a float64 reference, and
 returns a :class:`CheckReport`: truthy when every check passes, with one
 message per problem otherwise. A message says which input revealed the
-problem, what was expected, what came back, and what to change::
+problem, what was expected, what came back, and what to change:
 
-    With scores [1000, 0] (float64), your softmax returned [nan, 0]; expected
-    [1, 0]. Subtract the row maximum before exp: ...
+.. code-block:: text
+
+    With scores [1000, 0] (float64, overflow), your softmax returned [nan, 0];
+    expected [1, 0]. Subtract the row maximum before exp, ...
+
+The same mistake seen on several inputs is one message, which lists them.
 
 What the checkers promise:
 
@@ -33,8 +37,9 @@ Conventions, those of the library:
   attend to gets all-zero weights (and a zero output), never ``nan``.
 - :func:`check_softmax_backward` expects ``fn(s, grad_output)`` with ``s`` the
   softmax *output*, as :func:`softmaxbook.softmax_backward` does.
-- The device checks run on :func:`softmaxbook.get_device` (CUDA, then Apple
-  MPS); on a machine with only a CPU they run on the CPU.
+- Every result must be on the device of the inputs. The device check also
+  runs ``fn`` on float32 inputs on :func:`softmaxbook.get_device` (CUDA,
+  then Apple MPS) when that is not the CPU, or on the ``device`` passed.
 
 For an autograder, ``check_softmax(fn).raise_if_failed()`` raises an
 ``AssertionError`` listing every problem, which pytest shows as the failure.
