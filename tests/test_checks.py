@@ -474,6 +474,16 @@ def test_attention_without_masks():
 def test_numpy_attention():
     _assert_passes(checks.check_attention(attention_numpy, numpy=True))
 
+    def promotes(q, k, v, mask=None):  # np.sqrt returns a float64 NumPy scalar
+        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        keep = np.ones(scores.shape, dtype=bool) if mask is None else mask
+        return masked_numpy(scores, keep) @ v
+
+    _assert_caught(
+        checks.check_attention(promotes, numpy=True),
+        ["returned float64; keep the input's dtype", "use math.sqrt"],
+    )
+
 
 # --------------------------------------------------------------------------------------
 # Softmax backward

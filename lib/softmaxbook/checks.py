@@ -541,7 +541,8 @@ class _Session:
             ("dtype",),
             label,
             f"With {label}, {self.noun} returned "
-            f"{_dtype(have)}; keep the input's dtype. {hint or _DTYPE_HINT}",
+            f"{_dtype(have)}; keep the input's dtype. "
+            + (hint or (_NUMPY_DTYPE_HINT if self.numpy else _DTYPE_HINT)),
         )
         return False
 
@@ -758,6 +759,11 @@ class _Session:
             self.values(label, o, w, F16)
 
 
+_NUMPY_DTYPE_HINT = (
+    "NumPy promotes float32 and float16 to float64 when they meet a float64 array "
+    "or NumPy scalar (np.sqrt(d) is one): use math.sqrt for numbers, and convert the "
+    "result back with .astype(x.dtype)."
+)
 _DTYPE_HINT = (
     "Do not convert with .float() or .double(), and create new tensors with "
     "the input's dtype (torch.zeros_like(x), x.new_tensor(...)); to compute in "
