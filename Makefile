@@ -9,7 +9,7 @@ CHAPTERS := $(wildcard chapters/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book test test-fast test-portable execute lab bench clean
+.PHONY: all setup book test test-fast test-portable execute lab bench student clean
 
 all: test
 
@@ -60,6 +60,11 @@ execute: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False \
 	    $(if $(NB),$(NB),$(CHAPTERS))
+
+## student: student versions of the chapters in _build/student: solutions removed,
+# exercise outputs cleared (the tag convention is in tools/student.py). NB=... converts one.
+student: $(STAMP)
+	$(BIN)/python tools/student.py --out _build/student $(if $(NB),$(NB),$(CHAPTERS))
 
 ## lab: JupyterLab on the chapters
 lab: $(STAMP)

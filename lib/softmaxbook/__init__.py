@@ -15,6 +15,7 @@ from . import (
     alternatives,
     analysis,
     attention,
+    checks,
     device,
     gradients,
     kernels,
@@ -42,8 +43,9 @@ from .softmax import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 
-#: The public API, by module. ``reference`` and ``kernels`` stay modules
-#: (``sb.reference.softmax``, ``sb.kernels.triton_softmax``).
+#: The public API, by module. ``reference``, ``kernels`` and ``checks`` stay
+#: modules (``sb.reference.softmax``, ``sb.kernels.triton_softmax``,
+#: ``sb.checks.check_softmax``).
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
@@ -59,5 +61,6 @@ __all__ = [
     *plotting.__all__,
     "reference",
     "kernels",
+    "checks",
     "__version__",
 ]
