@@ -14,6 +14,7 @@ passes over the data, land well below 1.
 On a machine with CUDA and Triton it also measures the fused Triton kernel
 against ``torch.softmax`` and a device copy on the GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,14 @@ def cpu_report(rows: int, cols: int, repeats: int) -> None:
         "sb.softmax": lambda: sb.softmax(x),
         "sb.online_softmax (block 128)": lambda: sb.online_softmax(x),
     }
-    print(f"CPU, {torch.get_num_threads()} threads; x is {rows} x {cols} float32 "
-          f"({x.numel() * 4 / 2**20:.0f} MiB); useful traffic 2 x that; median of {repeats}")
+    print(
+        f"CPU, {torch.get_num_threads()} threads; x is {rows} x {cols} float32 "
+        f"({x.numel() * 4 / 2**20:.0f} MiB); useful traffic 2 x that; median of {repeats}"
+    )
     with torch.inference_mode():
-        results = {name: nbytes / _median_time(fn, repeats) / 1e9 for name, fn in cases.items()}
+        results = {
+            name: nbytes / _median_time(fn, repeats) / 1e9 for name, fn in cases.items()
+        }
     ceiling = results["copy into a preallocated buffer (torch)"]
     print(f"{'implementation':<42} {'GB/s':>7} {'of copy':>8}")
     for name, gbs in results.items():
@@ -80,7 +85,10 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
 
     def cuda_time(fn):
         fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
         torch.cuda.synchronize()
         start.record()
         for _ in range(repeats):
@@ -107,7 +115,9 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 1024 x 4096 array, 3 repeats")
+    parser.add_argument(
+        "--quick", action="store_true", help="a 1024 x 4096 array, 3 repeats"
+    )
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--cols", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=None)
@@ -118,7 +128,9 @@ def main() -> None:
     if torch.cuda.is_available() and sb.triton_available():
         gpu_report(rows, args.cols, max(repeats, 20))
     else:
-        print("No CUDA GPU here: the fused Triton softmax was not timed (it runs natively only on a GPU).")
+        print(
+            "No CUDA GPU here: the fused Triton softmax was not timed (it runs natively only on a GPU)."
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Tests of softmaxbook.device: get_device and the dispatch report explain_dispatch."""
+
 from __future__ import annotations
 
 import pytest
@@ -91,8 +92,13 @@ def test_cpu_tensors_take_the_torch_path():
 
 
 def _facts(**overrides):
-    facts = dict(device_types={"cuda"}, dtypes={torch.float16}, needs_grad=False, width=64,
-                 have_triton=True)
+    facts = dict(
+        device_types={"cuda"},
+        dtypes={torch.float16},
+        needs_grad=False,
+        width=64,
+        have_triton=True,
+    )
     facts.update(overrides)
     return facts
 
@@ -102,13 +108,16 @@ def test_decision_rule_takes_triton_on_cuda(op):
     assert dev._decide(op, **_facts()).path == "triton"
 
 
-@pytest.mark.parametrize("overrides,reason", [
-    (dict(device_types={"cuda", "cpu"}), "CUDA devices only"),
-    (dict(have_triton=False), "Triton is not installed"),
-    (dict(dtypes={torch.float64}), "not torch.float64"),
-    (dict(dtypes={torch.float16, torch.float32}), "different dtypes"),
-    (dict(needs_grad=True), "forward pass only"),
-])
+@pytest.mark.parametrize(
+    "overrides,reason",
+    [
+        (dict(device_types={"cuda", "cpu"}), "CUDA devices only"),
+        (dict(have_triton=False), "Triton is not installed"),
+        (dict(dtypes={torch.float64}), "not torch.float64"),
+        (dict(dtypes={torch.float16, torch.float32}), "different dtypes"),
+        (dict(needs_grad=True), "forward pass only"),
+    ],
+)
 def test_decision_rule_falls_back_with_a_reason(overrides, reason):
     decision = dev._decide("flash_attention", **_facts(**overrides))
     assert decision.path == "torch" and reason in decision.reason

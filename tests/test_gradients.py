@@ -1,4 +1,5 @@
 """Tests of softmaxbook.gradients: the Jacobian, the VJP and the custom autograd Function."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,11 @@ from softmaxbook import reference
 
 RUNNING = [1.0, 0.5, 2.5, -0.1]
 
-rows = arrays(np.float64, st.integers(1, 12),
-              elements=st.floats(-50, 50, allow_nan=False, allow_infinity=False))
+rows = arrays(
+    np.float64,
+    st.integers(1, 12),
+    elements=st.floats(-50, 50, allow_nan=False, allow_infinity=False),
+)
 
 
 def _autograd_jacobian(x: torch.Tensor) -> torch.Tensor:
@@ -23,8 +27,12 @@ def _autograd_jacobian(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- public names
 def test_public_names():
-    for name in ["softmax_jacobian", "softmax_backward", "SoftmaxFunction",
-                 "softmax_with_custom_backward"]:
+    for name in [
+        "softmax_jacobian",
+        "softmax_backward",
+        "SoftmaxFunction",
+        "softmax_with_custom_backward",
+    ]:
         assert name in sb.__all__
         assert getattr(sb, name) is getattr(sb.gradients, name)
 
@@ -41,7 +49,9 @@ def test_jacobian_running_example_matches_autograd():
 def test_jacobian_kronecker_form_against_numpy_reference():
     x = np.array(RUNNING)
     s = reference.softmax(x)
-    expected = np.array([[s[i] * ((i == j) - s[j]) for j in range(4)] for i in range(4)])
+    expected = np.array(
+        [[s[i] * ((i == j) - s[j]) for j in range(4)] for i in range(4)]
+    )
     J = sb.softmax_jacobian(torch.from_numpy(s)).numpy()
     np.testing.assert_allclose(J, expected, rtol=1e-12, atol=1e-15)
 
@@ -72,22 +82,28 @@ def test_jacobian_rows_sum_to_zero_symmetric_psd(x):
     s = torch.softmax(torch.from_numpy(x), -1)
     J = sb.softmax_jacobian(s)
     n = len(x)
-    torch.testing.assert_close(J.sum(-1), torch.zeros(n, dtype=torch.float64),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        J.sum(-1), torch.zeros(n, dtype=torch.float64), atol=1e-12, rtol=0
+    )
     torch.testing.assert_close(J, J.T, atol=0, rtol=0)
     eig = torch.linalg.eigvalsh(J)
     assert float(eig.min()) >= -1e-12  # positive semidefinite
     assert float(eig.max()) <= 0.5 + 1e-12  # spectral norm at most 1/2
     # The all-ones direction is in the null space: shifting every score changes nothing.
-    torch.testing.assert_close(J @ torch.ones(n, dtype=torch.float64),
-                               torch.zeros(n, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        J @ torch.ones(n, dtype=torch.float64),
+        torch.zeros(n, dtype=torch.float64),
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_jacobian_spectral_norm_half_is_attained():
     # Two equal scores: J = [[1/4, -1/4], [-1/4, 1/4]], eigenvalues 0 and 1/2.
     J = sb.softmax_jacobian(torch.tensor([0.5, 0.5], dtype=torch.float64))
-    torch.testing.assert_close(torch.linalg.matrix_norm(J, ord=2),
-                               torch.tensor(0.5, dtype=torch.float64))
+    torch.testing.assert_close(
+        torch.linalg.matrix_norm(J, ord=2), torch.tensor(0.5, dtype=torch.float64)
+    )
 
 
 def test_jacobian_one_hot_and_zero_rows_are_zero():
@@ -115,7 +131,9 @@ def test_jacobian_low_precision(dtype):
 @given(rows, st.integers(0, 2**31 - 1))
 def test_backward_matches_autograd_and_jacobian(x, seed):
     x = torch.from_numpy(x).requires_grad_()
-    g = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    g = torch.randn(
+        x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
+    )
     s = torch.softmax(x, -1)
     (expected,) = torch.autograd.grad(s, x, g)
     got = sb.softmax_backward(s.detach(), g)
@@ -135,8 +153,12 @@ def test_backward_dim(dim):
 def test_backward_of_constant_gradient_is_zero():
     # Adding c to every g_i adds c * s * (1 - sum s) = 0: the sum constraint.
     s = torch.softmax(torch.tensor(RUNNING, dtype=torch.float64), -1)
-    torch.testing.assert_close(sb.softmax_backward(s, torch.full((4,), 3.7, dtype=torch.float64)),
-                               torch.zeros(4, dtype=torch.float64), atol=1e-15, rtol=0)
+    torch.testing.assert_close(
+        sb.softmax_backward(s, torch.full((4,), 3.7, dtype=torch.float64)),
+        torch.zeros(4, dtype=torch.float64),
+        atol=1e-15,
+        rtol=0,
+    )
 
 
 def test_backward_zero_weights_get_zero_gradient():
@@ -160,7 +182,10 @@ def test_backward_low_precision(dtype):
 
 def test_backward_dtype_promotion_and_nan():
     s = torch.softmax(torch.randn(5), -1)
-    assert sb.softmax_backward(s, torch.randn(5, dtype=torch.float64)).dtype == torch.float64
+    assert (
+        sb.softmax_backward(s, torch.randn(5, dtype=torch.float64)).dtype
+        == torch.float64
+    )
     g = torch.tensor([1.0, float("nan"), 0.0, 0.0, 0.0])
     assert torch.isnan(sb.softmax_backward(s, g)).all()  # a nan gradient is not hidden
 
@@ -175,14 +200,18 @@ def test_backward_empty_and_size_one():
 def test_custom_forward_equals_torch_softmax():
     x = torch.randn(2, 3, 7)
     for dim in (0, 1, -1):
-        torch.testing.assert_close(sb.softmax_with_custom_backward(x, dim), torch.softmax(x, dim))
+        torch.testing.assert_close(
+            sb.softmax_with_custom_backward(x, dim), torch.softmax(x, dim)
+        )
     torch.testing.assert_close(sb.SoftmaxFunction.apply(x, -1), torch.softmax(x, -1))
 
 
 @pytest.mark.parametrize("dim", [0, -1])
 def test_custom_gradcheck(dim):
     x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda z: sb.softmax_with_custom_backward(z, dim), (x,))
+    assert torch.autograd.gradcheck(
+        lambda z: sb.softmax_with_custom_backward(z, dim), (x,)
+    )
 
 
 def test_custom_gradgradcheck():
@@ -192,9 +221,13 @@ def test_custom_gradgradcheck():
 
 def test_custom_gradcheck_with_neg_inf_entries():
     base = torch.randn(3, 5, dtype=torch.float64)
-    removed = torch.tensor([[False, True, False, False, True],
-                            [False] * 5,
-                            [True, True, True, True, False]])
+    removed = torch.tensor(
+        [
+            [False, True, False, False, True],
+            [False] * 5,
+            [True, True, True, True, False],
+        ]
+    )
 
     def f(z):
         return sb.softmax_with_custom_backward(z.masked_fill(removed, float("-inf")))
@@ -204,7 +237,9 @@ def test_custom_gradcheck_with_neg_inf_entries():
     out = f(x)
     (grad,) = torch.autograd.grad(out, x, torch.randn_like(out))
     assert torch.isfinite(grad).all()
-    assert torch.equal(grad[removed], torch.zeros(int(removed.sum()), dtype=torch.float64))
+    assert torch.equal(
+        grad[removed], torch.zeros(int(removed.sum()), dtype=torch.float64)
+    )
 
 
 def test_custom_matches_torch_gradient_with_neg_inf():
@@ -218,7 +253,9 @@ def test_custom_matches_torch_gradient_with_neg_inf():
 
 
 def test_custom_fully_neg_inf_row_gives_zeros_forward_and_backward():
-    x = torch.tensor([[float("-inf")] * 3, [0.0, 1.0, float("-inf")]], requires_grad=True)
+    x = torch.tensor(
+        [[float("-inf")] * 3, [0.0, 1.0, float("-inf")]], requires_grad=True
+    )
     s = sb.softmax_with_custom_backward(x)
     assert torch.equal(s[0], torch.zeros(3))
     torch.testing.assert_close(s[1].sum(), torch.tensor(1.0))
@@ -230,7 +267,9 @@ def test_custom_fully_neg_inf_row_gives_zeros_forward_and_backward():
 def test_custom_extreme_and_nan_inputs():
     x = torch.tensor([[1e4, -1e4, 0.0], [1e4, 1e4, 1e4]], requires_grad=True)
     s = sb.softmax_with_custom_backward(x)
-    torch.testing.assert_close(s, torch.tensor([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]]))
+    torch.testing.assert_close(
+        s, torch.tensor([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    )
     s[:, 0].sum().backward()
     assert torch.isfinite(x.grad).all()
     nan_row = sb.softmax_with_custom_backward(torch.tensor([0.0, float("nan"), 1.0]))
@@ -275,7 +314,9 @@ def test_errors():
         sb.softmax_backward(torch.rand(3), [1.0, 2.0, 3.0])
     with pytest.raises(TypeError, match="grad_output must be a floating-point tensor"):
         sb.softmax_backward(torch.rand(3), torch.tensor([1, 2, 3]))
-    with pytest.raises(ValueError, match=r"grad_output must have the shape of s, \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"grad_output must have the shape of s, \(2, 3\)"
+    ):
         sb.softmax_backward(torch.rand(2, 3), torch.rand(3, 2))
     with pytest.raises(IndexError, match="dim=-3 is out of range"):
         sb.softmax_backward(torch.rand(2, 3), torch.rand(2, 3), dim=-3)

@@ -5,6 +5,7 @@ when it is imported; so ``TRITON_INTERPRET=1`` is set here, at collection,
 before anything imports ``triton``. On a GPU machine it is left alone and the
 same tests run the compiled kernels; the ``gpu`` tests run only there.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,21 +16,25 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import pytest
+import torch.nn.functional as F
 
-import softmaxbook as sb  # noqa: E402
-from softmaxbook import kernels  # noqa: E402
+import softmaxbook as sb
+from softmaxbook import kernels
 
 # Triton is pinned in requirements.txt: under CI a missing Triton is a failure, not a
 # quiet skip of every kernel test. Elsewhere (a course's own venv) the tests skip.
 if os.environ.get("CI") == "true" and not kernels.triton_available():
     raise ImportError("triton is not installed, but the kernel tests must run in CI")
-pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="Triton is not installed")
+pytestmark = pytest.mark.skipif(
+    not kernels.triton_available(), reason="Triton is not installed"
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"
+)
 
 
 def _randn(*shape, dtype=torch.float32, seed=0):
@@ -40,11 +45,15 @@ def _randn(*shape, dtype=torch.float32, seed=0):
 # ---------------------------------------------------------------- fused row softmax
 
 
-@pytest.mark.parametrize("shape,dim", [((3, 1), -1), ((5, 37), -1), ((2, 3, 64), 1), ((4, 130), 0),
-                                       ((7,), 0)])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [((3, 1), -1), ((5, 37), -1), ((2, 3, 64), 1), ((4, 130), 0), ((7,), 0)],
+)
 def test_triton_softmax_matches_torch(shape, dim):
     x = _randn(*shape)
-    torch.testing.assert_close(kernels.triton_softmax(x, dim=dim), torch.softmax(x, dim=dim))
+    torch.testing.assert_close(
+        kernels.triton_softmax(x, dim=dim), torch.softmax(x, dim=dim)
+    )
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3)])
@@ -52,10 +61,14 @@ def test_triton_softmax_half_precision(dtype, tol):
     x = _randn(6, 50, dtype=dtype) * 4
     out = kernels.triton_softmax(x)
     assert out.dtype == dtype
-    torch.testing.assert_close(out.float(), torch.softmax(x.float(), -1), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        out.float(), torch.softmax(x.float(), -1), atol=tol, rtol=tol
+    )
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's NumPy
+@pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning"
+)  # the interpreter's NumPy
 def test_triton_softmax_extreme_inputs():
     x = _randn(4, 9) * 1e4
     x[1, 3] = float("-inf")
@@ -88,31 +101,49 @@ def test_triton_softmax_bad_input():
 
 def _qkv(L, S, D=16, Dv=None, batch=(2, 2), seed=0, dtype=torch.float32):
     Dv = D if Dv is None else Dv
-    return (_randn(*batch, L, D, seed=seed, dtype=dtype), _randn(*batch, S, D, seed=seed + 1, dtype=dtype),
-            _randn(*batch, S, Dv, seed=seed + 2, dtype=dtype))
+    return (
+        _randn(*batch, L, D, seed=seed, dtype=dtype),
+        _randn(*batch, S, D, seed=seed + 1, dtype=dtype),
+        _randn(*batch, S, Dv, seed=seed + 2, dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("L,S,D,Dv", [(1, 1, 16, 16), (7, 13, 16, 8), (70, 33, 20, 32)])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_triton_flash_attention_meets_flash_rule(L, S, D, Dv, is_causal):
     q, k, v = _qkv(L, S, D, Dv)
-    out, lse = kernels.triton_flash_attention(q, k, v, is_causal=is_causal, return_lse=True)
-    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=is_causal)
+    out, lse = kernels.triton_flash_attention(
+        q, k, v, is_causal=is_causal, return_lse=True
+    )
+    exact = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=is_causal
+    )
     baseline = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-    ours, theirs = (out.double() - exact).abs().max(), (baseline.double() - exact).abs().max()
+    ours, theirs = (
+        (out.double() - exact).abs().max(),
+        (baseline.double() - exact).abs().max(),
+    )
     assert ours <= 2 * theirs + 1e-7, (ours, theirs)
-    _, lse_torch = sb.flash_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=is_causal, return_lse=True)
+    _, lse_torch = sb.flash_attention(
+        q.cpu(), k.cpu(), v.cpu(), is_causal=is_causal, return_lse=True
+    )
     torch.testing.assert_close(lse.cpu(), lse_torch)
 
 
 def test_triton_flash_attention_mask_broadcast_and_empty_rows():
     q, k, v = _qkv(9, 11)
     g = torch.Generator().manual_seed(5)
-    mask = (torch.rand(2, 1, 9, 11, generator=g) > 0.5).to(DEVICE)  # shared by the heads
+    mask = (torch.rand(2, 1, 9, 11, generator=g) > 0.5).to(
+        DEVICE
+    )  # shared by the heads
     mask[0, 0, 4] = False
     k1, v1 = k[:, :1], v[:, :1]  # one key/value head for both query heads
-    out, lse = kernels.triton_flash_attention(q, k1, v1, mask=mask, scale=0.3, return_lse=True)
-    expected = sb.scaled_dot_product_attention(q, k1.expand_as(k), v1.expand_as(v), mask=mask, scale=0.3)
+    out, lse = kernels.triton_flash_attention(
+        q, k1, v1, mask=mask, scale=0.3, return_lse=True
+    )
+    expected = sb.scaled_dot_product_attention(
+        q, k1.expand_as(k), v1.expand_as(v), mask=mask, scale=0.3
+    )
     torch.testing.assert_close(out, expected)
     assert torch.equal(out[0, :, 4], torch.zeros_like(out[0, :, 4]))
     assert torch.isneginf(lse[0, :, 4]).all()
@@ -122,13 +153,19 @@ def test_triton_flash_attention_half_precision():
     q, k, v = _qkv(20, 24, dtype=torch.float16)
     out = kernels.triton_flash_attention(q, k, v)
     assert out.dtype == torch.float16
-    torch.testing.assert_close(out.float(), sb.flash_attention(q.float(), k.float(), v.float()),
-                               atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(
+        out.float(),
+        sb.flash_attention(q.float(), k.float(), v.float()),
+        atol=3e-3,
+        rtol=3e-3,
+    )
 
 
 def test_triton_flash_attention_no_batch_and_empty():
     q, k, v = _qkv(5, 6, batch=())
-    torch.testing.assert_close(kernels.triton_flash_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(
+        kernels.triton_flash_attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+    )
     q, k, v = _qkv(3, 0)
     out, lse = kernels.triton_flash_attention(q, k, v, return_lse=True)
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
@@ -139,8 +176,13 @@ def test_triton_flash_attention_bad_input():
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         kernels.triton_flash_attention(q.double(), k.double(), v.double())
     with pytest.raises(ValueError, match="not both"):
-        kernels.triton_flash_attention(q, k, v, is_causal=True,
-                                       mask=torch.ones(3, 4, dtype=torch.bool, device=DEVICE))
+        kernels.triton_flash_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            mask=torch.ones(3, 4, dtype=torch.bool, device=DEVICE),
+        )
     with pytest.raises(ValueError, match="head dimensions up to 256"):
         kernels.triton_flash_attention(_randn(1, 300), _randn(1, 300), _randn(1, 300))
 
@@ -156,10 +198,14 @@ def test_kernel_source_is_the_triton_code():
         kernels.kernel_source("matmul")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU-only machines")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the interpreter is for CPU-only machines"
+)
 def test_interpreter_is_on_and_required_for_cpu_tensors(monkeypatch):
     assert kernels.interpreter_enabled() and kernels.enable_interpreter()
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as if Triton had been imported without it
+    monkeypatch.setenv(
+        "TRITON_INTERPRET", "0"
+    )  # as if Triton had been imported without it
     assert not kernels.interpreter_enabled()
     with pytest.raises(RuntimeError, match="restart Python"):
         kernels.enable_interpreter()
@@ -179,12 +225,18 @@ def test_native_kernels_on_gpu_match_torch():
     q, k, v = (torch.randn(2, 4, 300, 64, device="cuda") for _ in range(3))
     assert sb.explain_dispatch("flash_attention", q, k, v).path == "triton"
     for causal in (False, True):
-        exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        exact = F.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), is_causal=causal
+        )
         ours = sb.flash_attention(q, k, v, is_causal=causal)
         torch.testing.assert_close(ours.double(), exact, atol=1e-5, rtol=1e-4)
     half = [t.half() for t in (q, k, v)]
-    torch.testing.assert_close(sb.flash_attention(*half).float(),
-                               F.scaled_dot_product_attention(*half).float(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(
+        sb.flash_attention(*half).float(),
+        F.scaled_dot_product_attention(*half).float(),
+        atol=2e-3,
+        rtol=2e-3,
+    )
 
 
 @gpu
@@ -200,7 +252,10 @@ def test_fused_softmax_bandwidth_on_gpu():
 
 def _cuda_ms(fn, repeats=20):
     fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
     torch.cuda.synchronize()
     start.record()
     for _ in range(repeats):

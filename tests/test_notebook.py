@@ -1,4 +1,5 @@
 """The notebook helpers: one-line setup, and glued numbers rounded to what they can support."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,9 @@ def test_rounded_keeps_significant_digits(value, digits, expected):
 def test_rounded_passes_exact_values_through():
     for value in (0, 26800, True, "v5", None, 0.0):
         assert _rounded(value) == value and type(_rounded(value)) is type(value)
-    assert math.isnan(_rounded(float("nan"))) and _rounded(float("-inf")) == float("-inf")
+    assert math.isnan(_rounded(float("nan"))) and _rounded(float("-inf")) == float(
+        "-inf"
+    )
 
 
 def test_rounded_converts_numpy_and_torch_scalars():
@@ -65,7 +68,9 @@ def test_glue_records_the_rounded_value(monkeypatch):
     recorded = {}
     import myst_nb
 
-    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: recorded.update({name: value}))
+    monkeypatch.setattr(
+        myst_nb, "glue", lambda name, value, display: recorded.update({name: value})
+    )
     sb.glue("ratio", 316.22776601683796)
     sb.glue("fine", 316.22776601683796, digits=6)
     sb.glue("count", 26800)

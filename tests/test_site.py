@@ -16,6 +16,7 @@ through ``executable_path``, so ``playwright install`` is never needed
 (``CHROMIUM=/path/to/chrome`` picks another build). Outside CI the tests skip
 when it is missing; under CI (``CI=true``) they fail.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,14 @@ HTML = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 WIDTH, HEIGHT = 1280, 900
 # Sphinx's own pages, next to the ones listed in _toc.yml.
@@ -58,7 +65,9 @@ pytestmark = pytest.mark.slow
 def _pages() -> list[str]:
     """Every page of the book: _toc.yml's entries, then Sphinx's index and search pages."""
     toc = (ROOT / "_toc.yml").read_text()
-    entries = re.findall(r"^\s*(?:root|-?\s*file):\s*(\S+?)(?:\.md|\.ipynb)?\s*$", toc, re.MULTILINE)
+    entries = re.findall(
+        r"^\s*(?:root|-?\s*file):\s*(\S+?)(?:\.md|\.ipynb)?\s*$", toc, re.MULTILINE
+    )
     return ["index", *entries, *EXTRA_PAGES]
 
 
@@ -66,7 +75,7 @@ PAGES = _pages()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 (the signature of the base class)
+    def log_message(self, format, *args):
         pass
 
 
@@ -74,8 +83,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def site(book_build):
     """The built site served on a free port of 127.0.0.1; yields its base URL."""
     if not (HTML / "index.html").exists():
-        pytest.fail("the book did not build (see test_book.py):\n"
-                    + (book_build.stdout + book_build.stderr)[-3000:])
+        pytest.fail(
+            "the book did not build (see test_book.py):\n"
+            + (book_build.stdout + book_build.stderr)[-3000:]
+        )
     handler = functools.partial(_QuietHandler, directory=str(HTML))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -95,7 +106,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
         yield chromium
         chromium.close()
 
@@ -111,7 +124,10 @@ class _Visit:
         self.context.route("**/*", self._route)
         self.page = self.context.new_page()
         self.page.set_default_timeout(30_000)
-        self.page.on("pageerror", lambda error: self.problems.append(f"JavaScript error: {error}"))
+        self.page.on(
+            "pageerror",
+            lambda error: self.problems.append(f"JavaScript error: {error}"),
+        )
         self.page.on("console", self._console)
         self.page.on("requestfailed", self._request_failed)
         self.page.on("response", self._response)
@@ -121,7 +137,10 @@ class _Visit:
         return url.startswith(self.base + "/") or url == self.base
 
     def _route(self, route):
-        if self._local(route.request.url) or urlsplit(route.request.url).scheme in ("data", "blob"):
+        if self._local(route.request.url) or urlsplit(route.request.url).scheme in (
+            "data",
+            "blob",
+        ):
             route.continue_()
         else:
             route.abort()
@@ -217,15 +236,23 @@ async () => {
 
 def _capped(problems: list[str], limit: int = 10) -> list[str]:
     """The first ``limit`` problems of one kind, and how many more there are."""
-    return problems[:limit] + ([f"... and {len(problems) - limit} more like these"] if len(problems) > limit else [])
+    return problems[:limit] + (
+        [f"... and {len(problems) - limit} more like these"]
+        if len(problems) > limit
+        else []
+    )
 
 
 def _check_page(browser, site, page):
     visit = _Visit(browser, site, page)
     try:
         response = visit.page.goto(visit.url, wait_until="load")
-        assert response is not None and response.ok, f"{visit.url}: {response and response.status}"
-        if page == "index":  # the site's root only redirects to the preface, checked on its own
+        assert response is not None and response.ok, (
+            f"{visit.url}: {response and response.status}"
+        )
+        if (
+            page == "index"
+        ):  # the site's root only redirects to the preface, checked on its own
             visit.page.wait_for_url(f"{site}/{PAGES[1]}.html")
             visit.page.wait_for_load_state("load")
             return {"title": visit.page.title()}, _capped(visit.problems)
@@ -237,28 +264,47 @@ def _check_page(browser, site, page):
         visit.close()
     problems = _capped(visit.problems)
     if result["hasMath"] and not (result["mathjaxLoaded"] and result["containers"]):
-        problems.append("the page has math but MathJax did not load or typeset none of it")
+        problems.append(
+            "the page has math but MathJax did not load or typeset none of it"
+        )
     else:  # MathJax ran: then each formula, and the text, must show no TeX
-        problems += _capped([f"math not typeset: {tex!r}" for tex in result["untypeset"]])
-        problems += _capped([f"MathJax error: {error!r}" for error in result["mathErrors"]])
-        problems += _capped([f"raw TeX in the text: ...{result['text'][max(m.start() - 40, 0):m.end() + 40]!r}..."
-                             for m in RAW_TEX.finditer(result["text"])])
+        problems += _capped(
+            [f"math not typeset: {tex!r}" for tex in result["untypeset"]]
+        )
+        problems += _capped(
+            [f"MathJax error: {error!r}" for error in result["mathErrors"]]
+        )
+        problems += _capped(
+            [
+                f"raw TeX in the text: ...{result['text'][max(m.start() - 40, 0) : m.end() + 40]!r}..."
+                for m in RAW_TEX.finditer(result["text"])
+            ]
+        )
     problems += _capped([f"image not loaded: {src}" for src in result["brokenImages"]])
     if result["pageWidth"] > result["viewport"]:
-        problems.append(f"the page scrolls sideways: {result['pageWidth']} px in a {result['viewport']} px window")
+        problems.append(
+            f"the page scrolls sideways: {result['pageWidth']} px in a {result['viewport']} px window"
+        )
     problems += _capped([f"too wide: {item}" for item in result["wide"]], limit=30)
     if (ROOT / f"{page}.ipynb").exists():  # a chapter: launch it, download it, edit it
         for what, pattern in LAUNCH_LINKS.items():
             if not any(re.search(pattern, link) for link in result["links"]):
-                problems.append(f"no {what} link (launch_buttons / repository in _config.yml)")
+                problems.append(
+                    f"no {what} link (launch_buttons / repository in _config.yml)"
+                )
     return result, problems
 
 
 def test_every_built_page_is_checked(site):
     """No page escapes the browser test: each HTML file of the site is in PAGES."""
-    built = {str(path.relative_to(HTML).with_suffix("")) for path in HTML.rglob("*.html")
-             if not path.relative_to(HTML).parts[0].startswith("_")}
-    assert built - set(PAGES) == set(), "pages built but not checked (add them to _toc.yml or EXTRA_PAGES)"
+    built = {
+        str(path.relative_to(HTML).with_suffix(""))
+        for path in HTML.rglob("*.html")
+        if not path.relative_to(HTML).parts[0].startswith("_")
+    }
+    assert built - set(PAGES) == set(), (
+        "pages built but not checked (add them to _toc.yml or EXTRA_PAGES)"
+    )
     assert set(PAGES) - built == set(), "pages checked but not built"
 
 

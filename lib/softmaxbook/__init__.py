@@ -11,6 +11,7 @@ tensor([0.1557, 0.0945, 0.6980, 0.0518])
 Every public name below is listed in the ``__all__`` of its module; this
 package re-exports them all, so ``sb.<name>`` works for each.
 """
+
 from . import (
     alternatives,
     analysis,
@@ -25,20 +26,22 @@ from . import (
     plotting,
     reference,
     sampling,
+)
+from . import (
     softmax as _softmax_module,
 )
-from .alternatives import *  # noqa: F401,F403
-from .analysis import *  # noqa: F401,F403
-from .attention import *  # noqa: F401,F403
-from .device import *  # noqa: F401,F403
-from .gradients import *  # noqa: F401,F403
-from .masking import *  # noqa: F401,F403
-from .models import *  # noqa: F401,F403
-from .notebook import *  # noqa: F401,F403
-from .online import *  # noqa: F401,F403
-from .plotting import *  # noqa: F401,F403
-from .sampling import *  # noqa: F401,F403
-from .softmax import *  # noqa: F401,F403
+from .alternatives import *  # noqa: F403
+from .analysis import *  # noqa: F403
+from .attention import *  # noqa: F403
+from .device import *  # noqa: F403
+from .gradients import *  # noqa: F403
+from .masking import *  # noqa: F403
+from .models import *  # noqa: F403
+from .notebook import *  # noqa: F403
+from .online import *  # noqa: F403
+from .plotting import *  # noqa: F403
+from .sampling import *  # noqa: F403
+from .softmax import *  # noqa: F403
 
 __version__ = "0.1.0"
 

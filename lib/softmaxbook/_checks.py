@@ -4,12 +4,12 @@ Every public function validates its arguments with these helpers, so that bad
 input fails at the call with a message that names the argument, instead of
 deep inside torch or, worse, as a silent ``nan``.
 """
+
 from __future__ import annotations
 
 import math
 from numbers import Real
 
-import torch
 from torch import Tensor
 
 

@@ -18,6 +18,7 @@ that bound are partially sorted (``torch.topk``), the exact sort-based
 formula runs on those, and any row whose support fills the candidates is
 redone with a full sort. The result is the exact (sort-based) solution.
 """
+
 from __future__ import annotations
 
 import math
@@ -104,14 +105,18 @@ def _exact_threshold(z: Tensor, kind: str) -> Tensor:
     """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all -inf)."""
     n = z.shape[-1]
     t = torch.full((z.shape[0], 1), _T0[kind], dtype=z.dtype, device=z.device)
-    r = torch.empty_like(z)  # one scratch buffer, reused: large allocations cost page faults
+    r = torch.empty_like(
+        z
+    )  # one scratch buffer, reused: large allocations cost page faults
     for _ in range(_NEWTON_STEPS[kind]):
         # Newton on the convex decreasing f(t) = sum g((z - t)_+) - 1 from the left of its
         # root: each step stays left of the root and moves toward it.
         torch.sub(z, t, out=r).clamp_min_(0)
         if kind == "sparsemax":
             f = r.sum(-1, keepdim=True) - 1
-            slope = torch.linalg.vector_norm(r, 0, dim=-1, keepdim=True)  # support count
+            slope = torch.linalg.vector_norm(
+                r, 0, dim=-1, keepdim=True
+            )  # support count
         else:
             f = torch.linalg.vector_norm(r, 2, dim=-1, keepdim=True).square() / 4 - 1
             slope = r.sum(-1, keepdim=True) / 2
@@ -144,7 +149,9 @@ def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
     m, finite = m.reshape(-1, 1), finite.reshape(-1, 1)
     t = _exact_threshold(z, kind)
     # All -inf rows: t = +inf sends every entry to 0. A nan or +inf row stays nan.
-    t = torch.where(finite, t, torch.where(m == float("-inf"), float("inf"), float("nan")))
+    t = torch.where(
+        finite, t, torch.where(m == float("-inf"), float("inf"), float("nan"))
+    )
     z.sub_(t).clamp_min_(0)
     if kind == "entmax15":
         z.mul_(z).mul_(0.25)
@@ -156,7 +163,9 @@ def _support_backward(grad: Tensor, weight: Tensor, dim: int) -> Tensor:
     wg = weight * grad
     total = weight.sum(dim, keepdim=True)
     # Rows with an empty support (all -inf) have w = 0 and get zero gradient, not 0/0.
-    q = wg.sum(dim, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
+    q = wg.sum(dim, keepdim=True) / torch.where(
+        total > 0, total, torch.ones_like(total)
+    )
     return wg - q * weight
 
 
@@ -173,7 +182,9 @@ class _Sparsemax(torch.autograd.Function):
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
         support = (p > 0).to(p.dtype)
-        return _support_backward(grad.to(p.dtype), support, ctx.dim).to(grad.dtype), None
+        return _support_backward(grad.to(p.dtype), support, ctx.dim).to(
+            grad.dtype
+        ), None
 
 
 class _Entmax15(torch.autograd.Function):
@@ -188,7 +199,9 @@ class _Entmax15(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        return _support_backward(grad.to(p.dtype), p.sqrt(), ctx.dim).to(grad.dtype), None
+        return _support_backward(grad.to(p.dtype), p.sqrt(), ctx.dim).to(
+            grad.dtype
+        ), None
 
 
 def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
@@ -303,7 +316,9 @@ class _EntmaxBisect(torch.autograd.Function):
             p = (z - tau_mid).clamp_min(0) ** (1 / (alpha - 1))
             tau_lo = torch.where(p.sum(dim, keepdim=True) >= 1, tau_mid, tau_lo)
         total = p.sum(dim, keepdim=True)  # ~1; renormalize the last midpoint's weights
-        p = torch.where(total > 0, p / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
+        p = torch.where(
+            total > 0, p / torch.where(total > 0, total, torch.ones_like(total)), 0.0
+        )
         p = torch.where(torch.isnan(m) | (m == float("inf")), float("nan"), p)
         ctx.save_for_backward(p)
         ctx.alpha, ctx.dim = alpha, dim
@@ -315,10 +330,17 @@ class _EntmaxBisect(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         # 1/g''(p) = p^(2 - alpha) on the support (Peters et al., 2019, Prop. 1).
         s = torch.where(p > 0, p.clamp_min(0) ** (2 - ctx.alpha), torch.zeros_like(p))
-        return _support_backward(grad.to(p.dtype), s, ctx.dim).to(grad.dtype), None, None, None
+        return (
+            _support_backward(grad.to(p.dtype), s, ctx.dim).to(grad.dtype),
+            None,
+            None,
+            None,
+        )
 
 
-def entmax_bisect(x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50) -> Tensor:
+def entmax_bisect(
+    x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
+) -> Tensor:
     r""":math:`\alpha`-entmax by bisection: :math:`p_i = [(\alpha - 1) x_i - \tau]_+^{1/(\alpha-1)}`.
 
     The maximizer of :math:`p^\top x + H^T_\alpha(p)` over the simplex, with
@@ -371,8 +393,10 @@ def entmax_bisect(x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
     if isinstance(alpha, bool) or not isinstance(alpha, Real):
         raise TypeError(f"alpha must be a real number > 1, got {type(alpha).__name__}")
     if not (math.isfinite(alpha) and alpha > 1):
-        raise ValueError(f"alpha must be a finite number > 1, got {alpha}; "
-                         "alpha = 1 is softmax: use softmax(x) instead")
+        raise ValueError(
+            f"alpha must be a finite number > 1, got {alpha}; "
+            "alpha = 1 is softmax: use softmax(x) instead"
+        )
     n_iter = check_positive_int(n_iter, "n_iter")
     return _apply(_EntmaxBisect, x, dim, float(alpha), n_iter)
 
@@ -577,7 +601,9 @@ def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Te
         n = x.shape[dim] if x.dim() else 1
         bias = -math.log(n) if n > 0 else 0.0
     elif isinstance(bias, bool) or not isinstance(bias, Real):
-        raise TypeError(f"bias must be a real number or None, got {type(bias).__name__}")
+        raise TypeError(
+            f"bias must be a real number or None, got {type(bias).__name__}"
+        )
     elif not math.isfinite(bias):
         raise ValueError(f"bias must be finite, got {bias}")
     return _apply(_SigmoidNormalize, x, dim, float(bias))

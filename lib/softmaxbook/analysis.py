@@ -13,6 +13,7 @@ The map functions take weights ``(..., L, S)`` (for a model, e.g.
 zeros (a query with nothing to attend to) is left out of every average; a map
 with no such row at all gives 0, never ``nan``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,19 +41,26 @@ def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
     dim = check_dim(p, dim)
     positive = p > 0
     # where() on both sides keeps the gradient of the zero entries finite (0, not nan).
-    plogp = torch.where(positive, p * torch.log(torch.where(positive, p, torch.ones_like(p))),
-                        torch.zeros_like(p))
+    plogp = torch.where(
+        positive,
+        p * torch.log(torch.where(positive, p, torch.ones_like(p))),
+        torch.zeros_like(p),
+    )
     return -plogp.sum(dim=dim, keepdim=keepdim)
 
 
 def _check_weights(weights, name: str = "weights") -> Tensor:
     check_float(weights, name)
     if weights.dim() < 2:
-        raise ValueError(f"{name} must have at least 2 dimensions (..., L, S), "
-                         f"got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"{name} must have at least 2 dimensions (..., L, S), "
+            f"got shape {tuple(weights.shape)}"
+        )
     if bool((weights < 0).any()):
-        raise ValueError(f"{name} must be non-negative (attention weights), "
-                         f"got a minimum of {float(weights.min())}")
+        raise ValueError(
+            f"{name} must be non-negative (attention weights), "
+            f"got a minimum of {float(weights.min())}"
+        )
     return weights
 
 
@@ -157,8 +165,9 @@ def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
     return _mean_over_rows((p * distance).sum(dim=-1), live)
 
 
-def attention_sparsity(weights: Tensor, mask: Tensor | None = None, *,
-                       threshold: float = 0.0) -> Tensor:
+def attention_sparsity(
+    weights: Tensor, mask: Tensor | None = None, *, threshold: float = 0.0
+) -> Tensor:
     r"""Fraction of zero weights among the allowed entries: :math:`\frac{|\{(i,j) \in A : a_{ij} \le \tau\}|}{|A|}`.
 
     :math:`A` holds the entries that ``mask`` allows (True = may attend), in
@@ -196,7 +205,11 @@ def attention_sparsity(weights: Tensor, mask: Tensor | None = None, *,
         does not broadcast, or ``threshold`` is negative.
     """
     _check_weights(weights)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not threshold >= 0
+    ):
         raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
     live = (weights.sum(dim=-1, keepdim=True) > 0).expand(weights.shape)  # (..., L, S)
     allowed = live if mask is None else check_mask(mask, weights) & live

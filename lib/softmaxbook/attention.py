@@ -6,10 +6,11 @@ The normalizer is softmax by default; the alternatives chapter plugs in
 sparsemax, entmax and others by name, and any callable
 ``f(scores, dim=-1) -> weights`` works too.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -30,19 +31,25 @@ def _softmax(scores: Tensor, dim: int = -1) -> Tensor:
 NORMALIZERS: dict[str, Normalizer] = {"softmax": _softmax}
 
 from .alternatives import (  # noqa: E402  (the alternatives chapter's normalizers)
-    entmax15, relu_normalize, sigmoid_normalize, softmax_one, sparsemax,
+    entmax15,
+    relu_normalize,
+    sigmoid_normalize,
+    softmax_one,
+    sparsemax,
 )
 
-NORMALIZERS.update({
-    "sparsemax": sparsemax,
-    "entmax15": entmax15,
-    "softmax_one": softmax_one,
-    "relu": relu_normalize,
-    "sigmoid": sigmoid_normalize,
-})
+NORMALIZERS.update(
+    {
+        "sparsemax": sparsemax,
+        "entmax15": entmax15,
+        "softmax_one": softmax_one,
+        "relu": relu_normalize,
+        "sigmoid": sigmoid_normalize,
+    }
+)
 
 
-def _resolve_normalizer(normalizer: Union[str, Normalizer]) -> tuple[str, Normalizer]:
+def _resolve_normalizer(normalizer: str | Normalizer) -> tuple[str, Normalizer]:
     if isinstance(normalizer, str):
         if normalizer not in NORMALIZERS:
             raise ValueError(
@@ -52,31 +59,44 @@ def _resolve_normalizer(normalizer: Union[str, Normalizer]) -> tuple[str, Normal
         return normalizer, NORMALIZERS[normalizer]
     if callable(normalizer):
         return getattr(normalizer, "__name__", "callable"), normalizer
-    raise TypeError(f"normalizer must be a name or a callable, got {type(normalizer).__name__}")
+    raise TypeError(
+        f"normalizer must be a name or a callable, got {type(normalizer).__name__}"
+    )
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(t, name)
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., length, dim), "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have at least 2 dimensions (..., length, dim), "
+                f"got shape {tuple(t.shape)}"
+            )
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(
+            f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, "
-                         f"{v.device}")
+        raise ValueError(
+            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dimension D, got q {tuple(q.shape)} "
-                         f"and k {tuple(k.shape)}")
+        raise ValueError(
+            f"q and k must have the same last dimension D, got q {tuple(q.shape)} "
+            f"and k {tuple(k.shape)}"
+        )
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length S (dimension -2), got k "
-                         f"{tuple(k.shape)} and v {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same length S (dimension -2), got k "
+            f"{tuple(k.shape)} and v {tuple(v.shape)}"
+        )
     try:
         torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
-                         f"v {tuple(v.shape)} do not broadcast") from None
+        raise ValueError(
+            f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
+            f"v {tuple(v.shape)} do not broadcast"
+        ) from None
 
 
 def scaled_dot_product_attention(
@@ -87,7 +107,7 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
-    normalizer: Union[str, Normalizer] = "softmax",
+    normalizer: str | Normalizer = "softmax",
     return_weights: bool = False,
 ):
     r"""Attention: :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
@@ -153,10 +173,16 @@ def scaled_dot_product_attention(
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if mask is not None and is_causal:
-        raise ValueError("pass either mask or is_causal=True, not both "
-                         "(combine them yourself: mask & causal_mask(L, S))")
+        raise ValueError(
+            "pass either mask or is_causal=True, not both "
+            "(combine them yourself: mask & causal_mask(L, S))"
+        )
     name, normalize = _resolve_normalizer(normalizer)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_positive(scale, "scale")
+    scale = (
+        1.0 / math.sqrt(q.shape[-1])
+        if scale is None
+        else check_positive(scale, "scale")
+    )
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
     if is_causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
@@ -172,13 +198,21 @@ def scaled_dot_product_attention(
 
 def _checked(weights, scores: Tensor, name: str) -> Tensor:
     if not isinstance(weights, Tensor) or weights.shape != scores.shape:
-        got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
-        raise ValueError(f"normalizer {name!r} must return weights of the scores' shape "
-                         f"{tuple(scores.shape)}, got {got}")
+        got = (
+            tuple(weights.shape)
+            if isinstance(weights, Tensor)
+            else type(weights).__name__
+        )
+        raise ValueError(
+            f"normalizer {name!r} must return weights of the scores' shape "
+            f"{tuple(scores.shape)}, got {got}"
+        )
     return weights
 
 
-def _masked_normalize(normalize: Normalizer, scores: Tensor, keep: Tensor, name: str) -> Tensor:
+def _masked_normalize(
+    normalize: Normalizer, scores: Tensor, keep: Tensor, name: str
+) -> Tensor:
     # Masked keys become -inf, which every library normalizer treats as removed.
     filled = scores.masked_fill(~keep, float("-inf"))  # (..., L, S)
     # Rows with nothing to attend get a harmless finite row (no inf - inf in the

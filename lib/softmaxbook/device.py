@@ -5,6 +5,7 @@ module is the one place that decides which. Set the environment variable
 ``SOFTMAXBOOK_DEVICE`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``) to override
 the choice, for example to compare a GPU machine's results with the CPU's.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["get_device", "DEVICE_ENV_VAR", "explain_dispatch", "DispatchDecision",
-           "triton_available"]
+__all__ = [
+    "get_device",
+    "DEVICE_ENV_VAR",
+    "explain_dispatch",
+    "DispatchDecision",
+    "triton_available",
+]
 
 #: Name of the environment variable that overrides :func:`get_device`.
 DEVICE_ENV_VAR = "SOFTMAXBOOK_DEVICE"
@@ -38,7 +44,9 @@ def _check_available(device: torch.device) -> torch.device:
                 f"{torch.cuda.device_count()} CUDA device(s) exist"
             )
     elif device.type == "mps" and not _mps_available():
-        raise RuntimeError(f"{DEVICE_ENV_VAR}={device} was requested but Apple MPS is not available")
+        raise RuntimeError(
+            f"{DEVICE_ENV_VAR}={device} was requested but Apple MPS is not available"
+        )
     elif device.type not in {"cpu", "cuda", "mps"}:
         raise ValueError(
             f"{DEVICE_ENV_VAR}={device} is not supported; expected 'cpu', 'cuda', 'cuda:N' or 'mps'"
@@ -65,7 +73,9 @@ def get_device(prefer: str | torch.device | None = None) -> torch.device:
     RuntimeError
         If the requested device is not available on this machine.
     """
-    requested = prefer if prefer is not None else os.environ.get(DEVICE_ENV_VAR, "").strip()
+    requested = (
+        prefer if prefer is not None else os.environ.get(DEVICE_ENV_VAR, "").strip()
+    )
     if requested:
         try:
             device = torch.device(requested)
@@ -154,10 +164,14 @@ def explain_dispatch(op: str, *tensors: torch.Tensor) -> DispatchDecision:
     if op not in KERNEL_OPS:
         raise ValueError(f"op={op!r} is unknown; expected one of {list(KERNEL_OPS)}")
     if not tensors:
-        raise ValueError(f"explain_dispatch({op!r}) needs the tensors the call would get")
+        raise ValueError(
+            f"explain_dispatch({op!r}) needs the tensors the call would get"
+        )
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"argument {i + 1} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(
+                f"argument {i + 1} must be a torch.Tensor, got {type(t).__name__}"
+            )
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if op == "softmax":
         width = tensors[0].shape[-1] if tensors[0].dim() else 1
@@ -173,26 +187,41 @@ def explain_dispatch(op: str, *tensors: torch.Tensor) -> DispatchDecision:
     )
 
 
-def _decide(op, *, device_types, dtypes, needs_grad, width, have_triton) -> DispatchDecision:
+def _decide(
+    op, *, device_types, dtypes, needs_grad, width, have_triton
+) -> DispatchDecision:
     """The dispatch rule itself, on plain facts (so that it can be tested without a GPU)."""
+
     def torch_path(reason):
         return DispatchDecision(op, "torch", reason)
 
     if device_types != {"cuda"}:
         where = ", ".join(sorted(device_types))
-        return torch_path(f"the tensors are on {where}, and the Triton kernels run on CUDA devices only")
+        return torch_path(
+            f"the tensors are on {where}, and the Triton kernels run on CUDA devices only"
+        )
     if not have_triton:
         return torch_path("Triton is not installed (pip install triton)")
     bad = sorted(str(d) for d in dtypes if d not in _KERNEL_DTYPES)
     if bad:
-        return torch_path(f"the kernels take float16, bfloat16 or float32, not {', '.join(bad)}")
+        return torch_path(
+            f"the kernels take float16, bfloat16 or float32, not {', '.join(bad)}"
+        )
     if len(dtypes) > 1:
         return torch_path("the tensors have different dtypes")
     if needs_grad:
-        return torch_path("a gradient is required and the kernels compute the forward pass only")
+        return torch_path(
+            "a gradient is required and the kernels compute the forward pass only"
+        )
     if op == "softmax" and width > SOFTMAX_KERNEL_MAX_COLS:
-        return torch_path(f"rows of {width} entries exceed the fused kernel's "
-                          f"{SOFTMAX_KERNEL_MAX_COLS} (one row is held on chip in one piece)")
+        return torch_path(
+            f"rows of {width} entries exceed the fused kernel's "
+            f"{SOFTMAX_KERNEL_MAX_COLS} (one row is held on chip in one piece)"
+        )
     if op == "flash_attention" and width > ATTENTION_KERNEL_MAX_HEAD_DIM:
-        return torch_path(f"head dimension {width} exceeds the kernel's {ATTENTION_KERNEL_MAX_HEAD_DIM}")
-    return DispatchDecision(op, "triton", "CUDA tensors and Triton is installed: the fused kernel")
+        return torch_path(
+            f"head dimension {width} exceeds the kernel's {ATTENTION_KERNEL_MAX_HEAD_DIM}"
+        )
+    return DispatchDecision(
+        op, "triton", "CUDA tensors and Triton is installed: the fused kernel"
+    )

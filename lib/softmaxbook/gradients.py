@@ -13,6 +13,7 @@ costs :math:`O(N)` time and memory instead of :math:`O(N^2)`.
 Everything here is written in terms of the softmax *output* :math:`s`: that is
 what a backward pass has saved, and the Jacobian is a function of it alone.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,12 @@ from torch import Tensor
 
 from ._checks import check_dim, check_float
 
-__all__ = ["softmax_jacobian", "softmax_backward", "SoftmaxFunction",
-           "softmax_with_custom_backward"]
+__all__ = [
+    "softmax_jacobian",
+    "softmax_backward",
+    "SoftmaxFunction",
+    "softmax_with_custom_backward",
+]
 
 # Reductions over a row in 16-bit floats lose digits; accumulate them in float32.
 _LOW_PRECISION = (torch.float16, torch.bfloat16)

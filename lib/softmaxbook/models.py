@@ -12,13 +12,13 @@ Everything here is small enough to train on a laptop CPU in seconds:
 - :func:`train` and :func:`evaluate` fit and score it, and record the
   per-head diagnostics of :mod:`softmaxbook.analysis` along the way.
 """
+
 from __future__ import annotations
 
 import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -93,14 +93,22 @@ def make_associative_recall(
     n_keys = check_positive_int(n_keys, "n_keys")
     n_values = check_positive_int(n_values, "n_values")
     if n_pairs > n_keys:
-        raise ValueError(f"n_pairs={n_pairs} distinct keys need n_keys >= n_pairs, got n_keys={n_keys}")
+        raise ValueError(
+            f"n_pairs={n_pairs} distinct keys need n_keys >= n_pairs, got n_keys={n_keys}"
+        )
     # A random permutation per row (argsort of uniforms) gives distinct keys.
-    keys = torch.rand(n, n_keys, generator=generator).argsort(dim=-1)[:, :n_pairs]  # (n, P)
-    values = n_keys + torch.randint(n_values, (n, n_pairs), generator=generator)  # (n, P)
+    keys = torch.rand(n, n_keys, generator=generator).argsort(dim=-1)[
+        :, :n_pairs
+    ]  # (n, P)
+    values = n_keys + torch.randint(
+        n_values, (n, n_pairs), generator=generator
+    )  # (n, P)
     which = torch.randint(n_pairs, (n,), generator=generator)  # (n,)
     rows = torch.arange(n)
     query, targets = keys[rows, which], values[rows, which]
-    pairs = torch.stack([keys, values], dim=-1).reshape(n, 2 * n_pairs)  # k1 v1 k2 v2 ...
+    pairs = torch.stack([keys, values], dim=-1).reshape(
+        n, 2 * n_pairs
+    )  # k1 v1 k2 v2 ...
     tokens = torch.cat([pairs, query[:, None]], dim=-1)  # (n, 2P + 1)
     return tokens.to(device), targets.to(device)
 
@@ -138,7 +146,7 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
-        normalizer: Union[str, Normalizer] = "softmax",
+        normalizer: str | Normalizer = "softmax",
         scale: float | None = None,
         temperature: float = 1.0,
         causal: bool = True,
@@ -147,11 +155,17 @@ class MultiHeadAttention(nn.Module):
         d_model = check_positive_int(d_model, "d_model")
         n_heads = check_positive_int(n_heads, "n_heads")
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+            raise ValueError(
+                f"d_model={d_model} must be a multiple of n_heads={n_heads}"
+            )
         _resolve_normalizer(normalizer)  # fail now, not at the first forward pass
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.normalizer = normalizer
-        base = 1.0 / math.sqrt(self.d_head) if scale is None else check_positive(scale, "scale")
+        base = (
+            1.0 / math.sqrt(self.d_head)
+            if scale is None
+            else check_positive(scale, "scale")
+        )
         #: The factor that multiplies :math:`QK^\top`: ``scale / temperature``.
         self.score_scale = base / check_positive(temperature, "temperature")
         self.causal = bool(causal)
@@ -164,8 +178,14 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv(x).view(B, L, 3, self.n_heads, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
         heads, weights = scaled_dot_product_attention(
-            q, k, v, is_causal=self.causal, scale=self.score_scale,
-            normalizer=self.normalizer, return_weights=True)  # (B, H, L, D), (B, H, L, L)
+            q,
+            k,
+            v,
+            is_causal=self.causal,
+            scale=self.score_scale,
+            normalizer=self.normalizer,
+            return_weights=True,
+        )  # (B, H, L, D), (B, H, L, L)
         return self.out(heads.transpose(1, 2).reshape(B, L, d_model)), weights
 
 
@@ -180,13 +200,17 @@ class TransformerBlock(nn.Module):
     ``(B, H, L, L)`` attention weights.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, **attention):
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int | None = None, **attention
+    ):
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, n_heads, **attention)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)
+        )
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Return ``(x, weights)`` after the attention and the MLP sublayers."""
@@ -257,7 +281,7 @@ class TinyTransformer(nn.Module):
         n_heads: int = 4,
         n_layers: int = 2,
         d_ff: int | None = None,
-        normalizer: Union[str, Normalizer] = "softmax",
+        normalizer: str | Normalizer = "softmax",
         scale: float | None = None,
         temperature: float = 1.0,
         causal: bool = True,
@@ -273,18 +297,30 @@ class TinyTransformer(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Parameter(torch.empty(max_len, d_model))
         self.blocks = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, normalizer=normalizer, scale=scale,
-                             temperature=temperature, causal=causal)
-            for _ in range(n_layers))
+            TransformerBlock(
+                d_model,
+                n_heads,
+                d_ff,
+                normalizer=normalizer,
+                scale=scale,
+                temperature=temperature,
+                causal=causal,
+            )
+            for _ in range(n_layers)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         self.unembed = nn.Linear(d_model, vocab_size)
         self._reset_parameters(check_positive(init_gain, "init_gain"), generator)
 
     @torch.no_grad()
-    def _reset_parameters(self, init_gain: float, generator: torch.Generator | None) -> None:
+    def _reset_parameters(
+        self, init_gain: float, generator: torch.Generator | None
+    ) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=module.in_features ** -0.5, generator=generator)
+                nn.init.normal_(
+                    module.weight, std=module.in_features**-0.5, generator=generator
+                )
                 nn.init.zeros_(module.bias)
         nn.init.normal_(self.token_embedding.weight, generator=generator)
         nn.init.normal_(self.position_embedding, generator=generator)
@@ -304,12 +340,18 @@ class TinyTransformer(nn.Module):
         """
         check_tensor(tokens, "tokens")
         if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2:
-            raise TypeError(f"tokens must be a 2-D integer tensor (B, L), got dtype "
-                            f"{tokens.dtype} and shape {tuple(tokens.shape)}")
+            raise TypeError(
+                f"tokens must be a 2-D integer tensor (B, L), got dtype "
+                f"{tokens.dtype} and shape {tuple(tokens.shape)}"
+            )
         L = tokens.shape[1]
         if not 1 <= L <= self.max_len:
-            raise ValueError(f"tokens has length {L}; expected 1 <= L <= max_len={self.max_len}")
-        x = self.token_embedding(tokens) + self.position_embedding[:L]  # (B, L, d_model)
+            raise ValueError(
+                f"tokens has length {L}; expected 1 <= L <= max_len={self.max_len}"
+            )
+        x = (
+            self.token_embedding(tokens) + self.position_embedding[:L]
+        )  # (B, L, d_model)
         maps = []
         for block in self.blocks:
             x, weights = block(x)
@@ -320,13 +362,17 @@ class TinyTransformer(nn.Module):
 
 def _check_data(data, name: str) -> tuple[Tensor, Tensor]:
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
-        raise TypeError(f"{name} must be a pair (tokens, targets), got {type(data).__name__}")
+        raise TypeError(
+            f"{name} must be a pair (tokens, targets), got {type(data).__name__}"
+        )
     tokens, targets = data
     check_tensor(tokens, f"{name}[0] (tokens)")
     check_tensor(targets, f"{name}[1] (targets)")
     if tokens.dim() != 2 or targets.shape not in (tokens.shape[:1], tokens.shape):
-        raise ValueError(f"{name}: tokens must be (N, L) and targets (N,) or (N, L), got "
-                         f"{tuple(tokens.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"{name}: tokens must be (N, L) and targets (N,) or (N, L), got "
+            f"{tuple(tokens.shape)} and {tuple(targets.shape)}"
+        )
     if tokens.shape[0] == 0:
         raise ValueError(f"{name} is empty")
     return tokens, targets
@@ -377,13 +423,16 @@ def evaluate(model: nn.Module, data, *, batch_size: int = 1024) -> dict[str, flo
     model.eval()
     total_loss, total_correct, total = 0.0, 0, 0
     for start in range(0, tokens.shape[0], batch_size):
-        x, y = tokens[start:start + batch_size], targets[start:start + batch_size]
+        x, y = tokens[start : start + batch_size], targets[start : start + batch_size]
         loss, correct, count = _loss_and_correct(model(x), y)
         total_loss += float(loss) * count
         total_correct += int(correct)
         total += count
     model.train(was_training)
-    return {"loss": total_loss / max(total, 1), "accuracy": total_correct / max(total, 1)}
+    return {
+        "loss": total_loss / max(total, 1),
+        "accuracy": total_correct / max(total, 1),
+    }
 
 
 @dataclass
@@ -415,10 +464,17 @@ def _head_statistics(model: nn.Module, probe: Tensor) -> tuple[Tensor, Tensor, T
     model.train(was_training)
     weights = weights.float()
     L = weights.shape[-1]
-    allowed = causal_mask(L, device=weights.device) if getattr(model, "causal", False) else None
+    allowed = (
+        causal_mask(L, device=weights.device)
+        if getattr(model, "causal", False)
+        else None
+    )
     # Means over the probe batch: one number per layer and head.
-    return (attention_entropy(weights).mean(0).cpu(), attention_distance(weights).mean(0).cpu(),
-            attention_sparsity(weights, mask=allowed).mean(0).cpu())
+    return (
+        attention_entropy(weights).mean(0).cpu(),
+        attention_distance(weights).mean(0).cpu(),
+        attention_sparsity(weights, mask=allowed).mean(0).cpu(),
+    )
 
 
 def train(
@@ -492,7 +548,11 @@ def train(
     TrainingHistory
     """
     tokens, targets = _check_data(data, "data")
-    eval_data = _check_data(eval_data, "eval_data") if eval_data is not None else (tokens, targets)
+    eval_data = (
+        _check_data(eval_data, "eval_data")
+        if eval_data is not None
+        else (tokens, targets)
+    )
     steps = check_positive_int(steps, "steps")
     batch_size = check_positive_int(batch_size, "batch_size")
     eval_every = check_positive_int(eval_every, "eval_every")
@@ -539,7 +599,9 @@ def train(
     record(0)
     device = tokens.device
     for step in range(1, steps + 1):
-        index = torch.randint(tokens.shape[0], (batch_size,), generator=generator).to(device)
+        index = torch.randint(tokens.shape[0], (batch_size,), generator=generator).to(
+            device
+        )
         loss, _, _ = _loss_and_correct(model(tokens[index]), targets[index])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -552,8 +614,11 @@ def train(
         if step % eval_every == 0 or step == steps:
             record(step)
             if bar is not None:
-                bar.set_postfix(loss=f"{history.eval_loss[-1]:.3f}",
-                                acc=f"{history.eval_accuracy[-1]:.3f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{history.eval_loss[-1]:.3f}",
+                    acc=f"{history.eval_accuracy[-1]:.3f}",
+                    refresh=False,
+                )
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -561,5 +626,6 @@ def train(
     history.seconds = time.perf_counter() - start
     if stats:
         history.entropy, history.distance, history.sparsity = (
-            torch.stack(s) for s in zip(*stats))
+            torch.stack(s) for s in zip(*stats)
+        )
     return history

@@ -6,6 +6,7 @@ laptop, in Colab and on a GPU server::
     import softmaxbook as sb
     device = sb.setup_notebook(seed=0)
 """
+
 from __future__ import annotations
 
 import math
@@ -90,17 +91,23 @@ def _rounded(value, digits: int = 4):
     if isinstance(digits, bool) or not isinstance(digits, int):
         raise TypeError(f"digits must be an int, got {type(digits).__name__}")
     if not 1 <= digits <= MAX_GLUE_DIGITS:
-        raise ValueError(f"digits must be between 1 and {MAX_GLUE_DIGITS}, got {digits}")
+        raise ValueError(
+            f"digits must be between 1 and {MAX_GLUE_DIGITS}, got {digits}"
+        )
     # NumPy scalars and 0-d tensors become Python numbers, which myst-nb can
     # format with a spec such as ``:.3f`` (it cannot format ``np.float64(...)``).
     if isinstance(value, (np.generic, torch.Tensor)):
         if getattr(value, "ndim", 0) != 0:
-            raise TypeError(f"value must be a scalar, got an array of shape {tuple(value.shape)}")
+            raise TypeError(
+                f"value must be a scalar, got an array of shape {tuple(value.shape)}"
+            )
         value = value.item()
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if not isinstance(value, float):
-        raise TypeError(f"value must be a number or a string, got {type(value).__name__}")
+        raise TypeError(
+            f"value must be a number or a string, got {type(value).__name__}"
+        )
     if not math.isfinite(value) or value == 0:
         return value
     return float(f"{value:.{digits}g}")

@@ -7,9 +7,10 @@ matplotlib ``Axes`` it drew on, so a caller can add to it.
 
 Call :func:`use_style` once at the top of a notebook.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
@@ -18,7 +19,16 @@ import numpy as np
 __all__ = ["PALETTE", "use_style", "plot_distribution", "plot_curves", "plot_heatmap"]
 
 #: Okabe and Ito's colour-blind-safe palette, without black (it vanishes in dark mode).
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#666666"]
+PALETTE = [
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#CC79A7",
+    "#56B4E9",
+    "#F0E442",
+    "#666666",
+]
 
 _STYLE = {
     "figure.figsize": (6.4, 3.6),
@@ -82,7 +92,9 @@ def plot_distribution(
     annotate : bool
         Write each value above its bar, formatted with ``fmt``.
     """
-    v = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
+    v = np.asarray(
+        values.detach().cpu() if hasattr(values, "detach") else values, dtype=float
+    )
     if v.ndim != 1:
         raise ValueError(f"values must be one-dimensional, got shape {v.shape}")
     ax = _axes(ax)
@@ -93,9 +105,14 @@ def plot_distribution(
     if annotate:
         for bar, value in zip(bars, v):
             y = bar.get_height()
-            ax.annotate(fmt.format(value), (bar.get_x() + bar.get_width() / 2, y),
-                        xytext=(0, 3 if y >= 0 else -12), textcoords="offset points",
-                        ha="center", fontsize=9)
+            ax.annotate(
+                fmt.format(value),
+                (bar.get_x() + bar.get_width() / 2, y),
+                xytext=(0, 3 if y >= 0 else -12),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+            )
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(axis="x", visible=False)
     return ax
@@ -124,8 +141,13 @@ def plot_curves(
     """
     ax = _axes(ax)
     for label, y in curves.items():
-        ax.plot(x, np.asarray(y, dtype=float), label=label, marker="o" if markers else None,
-                markersize=4)
+        ax.plot(
+            x,
+            np.asarray(y, dtype=float),
+            label=label,
+            marker="o" if markers else None,
+            markersize=4,
+        )
     if logx:
         ax.set_xscale("log")
     if logy:
@@ -164,7 +186,9 @@ def plot_heatmap(
     if m.ndim != 2:
         raise ValueError(f"matrix must be two-dimensional, got shape {m.shape}")
     ax = _axes(ax)
-    image = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
+    image = ax.imshow(
+        m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest"
+    )
     ax.grid(False)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if m.shape[1] <= 16:
@@ -175,8 +199,15 @@ def plot_heatmap(
         lo, hi = np.nanmin(m), np.nanmax(m)
         mid = (lo + hi) / 2
         for (i, j), value in np.ndenumerate(m):
-            ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=8,
-                    color="white" if value < mid else "black")
+            ax.text(
+                j,
+                i,
+                fmt.format(value),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if value < mid else "black",
+            )
     if colorbar:
         ax.figure.colorbar(image, ax=ax, shrink=0.8)
     return ax

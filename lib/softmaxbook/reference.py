@@ -7,6 +7,7 @@ arrays, and compute in float64 whatever the input dtype.
 Shapes: ``x`` is ``(..., N)`` and the functions reduce along ``axis``
 (default the last).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -105,7 +106,7 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
     m = np.full(x.shape[:-1] + (1,), -np.inf)
     d = np.zeros(x.shape[:-1] + (1,))
     for start in range(0, n, block_size):
-        block = x[..., start:start + block_size]
+        block = x[..., start : start + block_size]
         m_new = np.maximum(m, block.max(axis=-1, keepdims=True))
         m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
         d = d * np.exp(m - m_safe) + np.exp(block - m_safe).sum(axis=-1, keepdims=True)

@@ -17,6 +17,7 @@ inside attention:
 Throughout, ``-inf`` in a logit means "removed": such a token gets
 probability 0 and is never sampled.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,9 @@ __all__ = [
 def _check_logits(logits, name: str = "logits") -> Tensor:
     check_float(logits, name)
     if logits.dim() == 0:
-        raise ValueError(f"{name} must have at least one dimension (..., V), got a 0-dim tensor")
+        raise ValueError(
+            f"{name} must have at least one dimension (..., V), got a 0-dim tensor"
+        )
     return logits
 
 
@@ -156,12 +159,16 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     acc = torch.float32 if logits.device.type == "mps" else torch.float64
     sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # (..., V)
     probs = torch.softmax(sorted_logits.to(acc), dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly more probable tokens
+    mass_before = (
+        torch.cumsum(probs, dim=-1) - probs
+    )  # mass of the strictly more probable tokens
     # A token belongs to the nucleus while the mass above it is still short of p;
     # position 0 has mass_before = 0 < p, so the argmax is always in.
     in_nucleus = mass_before < p
     n_kept = in_nucleus.sum(dim=-1, keepdim=True).clamp_min(1)  # (..., 1)
-    threshold = torch.gather(sorted_logits, -1, n_kept - 1)  # smallest kept logit, (..., 1)
+    threshold = torch.gather(
+        sorted_logits, -1, n_kept - 1
+    )  # smallest kept logit, (..., 1)
     return _keep_at_least(logits, threshold)
 
 
@@ -220,18 +227,25 @@ def sample(
         ``V = 0``, or a row has no finite logit or contains ``nan``.
     """
     _check_logits(logits)
-    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) \
-            and temperature <= 0:
+    if (
+        isinstance(temperature, (int, float))
+        and not isinstance(temperature, bool)
+        and temperature <= 0
+    ):
         raise ValueError(
             f"temperature must be > 0, got {temperature} (greedy decoding is "
             "logits.argmax(-1), which needs no softmax)"
         )
     t = check_positive(temperature, "temperature")
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}"
+        )
     V = logits.shape[-1]
     if V == 0:
-        raise ValueError("logits has an empty last dimension (V = 0): there is nothing to sample")
+        raise ValueError(
+            "logits has an empty last dimension (V = 0): there is nothing to sample"
+        )
     batch_shape = logits.shape[:-1]
     z = logits if t == 1.0 else logits / t
     if top_k is not None:
@@ -244,8 +258,12 @@ def sample(
     if torch.isnan(rows).any():
         raise ValueError("logits contain nan: cannot sample")
     if torch.isneginf(rows).all(dim=-1).any():
-        raise ValueError("a row of logits has no finite entry (all -inf): nothing to sample")
-    probs = torch.softmax(rows.to(torch.promote_types(rows.dtype, torch.float32)), dim=-1)
+        raise ValueError(
+            "a row of logits has no finite entry (all -inf): nothing to sample"
+        )
+    probs = torch.softmax(
+        rows.to(torch.promote_types(rows.dtype, torch.float32)), dim=-1
+    )
     tokens = torch.multinomial(probs, 1, generator=generator)  # (N, 1)
     return tokens.reshape(batch_shape)
 
@@ -271,23 +289,35 @@ def _check_probs_labels(probs, labels) -> tuple[Tensor, Tensor]:
     check_float(probs, "probs")
     check_tensor(labels, "labels")
     if probs.dim() != 2:
-        raise ValueError(f"probs must have shape (n, C), got shape {tuple(probs.shape)}")
+        raise ValueError(
+            f"probs must have shape (n, C), got shape {tuple(probs.shape)}"
+        )
     n, C = probs.shape
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
-        raise TypeError(f"labels must be an integer tensor (class indices), got dtype {labels.dtype}")
+    if (
+        labels.dtype.is_floating_point
+        or labels.dtype == torch.bool
+        or labels.is_complex()
+    ):
+        raise TypeError(
+            f"labels must be an integer tensor (class indices), got dtype {labels.dtype}"
+        )
     if labels.shape != (n,):
         raise ValueError(
             f"labels must have shape (n,) = ({n},) to match probs {tuple(probs.shape)}, "
             f"got {tuple(labels.shape)}"
         )
     if n == 0 or C == 0:
-        raise ValueError(f"probs must hold at least one prediction over at least one class, "
-                         f"got shape {tuple(probs.shape)}")
+        raise ValueError(
+            f"probs must hold at least one prediction over at least one class, "
+            f"got shape {tuple(probs.shape)}"
+        )
     if labels.device != probs.device:
         raise ValueError(f"labels is on {labels.device} but probs is on {probs.device}")
     if bool(((labels < 0) | (labels >= C)).any()):
-        raise ValueError(f"labels must be class indices in [0, {C}), got values in "
-                         f"[{int(labels.min())}, {int(labels.max())}]")
+        raise ValueError(
+            f"labels must be class indices in [0, {C}), got values in "
+            f"[{int(labels.min())}, {int(labels.max())}]"
+        )
     p = probs.double()
     if bool(torch.isnan(p).any()):
         raise ValueError("probs contain nan")
@@ -302,7 +332,9 @@ def _check_probs_labels(probs, labels) -> tuple[Tensor, Tensor]:
     return p, labels
 
 
-def reliability_table(probs: Tensor, labels: Tensor, n_bins: int = 15) -> ReliabilityTable:
+def reliability_table(
+    probs: Tensor, labels: Tensor, n_bins: int = 15
+) -> ReliabilityTable:
     r"""Confidence and accuracy per confidence bin: the data of a reliability diagram.
 
     For each prediction the confidence is :math:`\hat p_i = \max_c \pi_{ic}` and
@@ -347,8 +379,12 @@ def reliability_table(probs: Tensor, labels: Tensor, n_bins: int = 15) -> Reliab
     # Right-closed bins (b/M, (b+1)/M]: ceil(conf * M) - 1, with confidence 0 in bin 0.
     idx = (torch.ceil(conf * n_bins) - 1).clamp(0, n_bins - 1).long()
     count = torch.bincount(idx, minlength=n_bins)
-    conf_sum = torch.zeros(n_bins, dtype=torch.float64, device=p.device).index_add_(0, idx, conf)
-    acc_sum = torch.zeros(n_bins, dtype=torch.float64, device=p.device).index_add_(0, idx, correct)
+    conf_sum = torch.zeros(n_bins, dtype=torch.float64, device=p.device).index_add_(
+        0, idx, conf
+    )
+    acc_sum = torch.zeros(n_bins, dtype=torch.float64, device=p.device).index_add_(
+        0, idx, correct
+    )
     denom = count.double()
     empty = count == 0
     nan = torch.full_like(denom, float("nan"))
@@ -358,7 +394,9 @@ def reliability_table(probs: Tensor, labels: Tensor, n_bins: int = 15) -> Reliab
     return ReliabilityTable(edges[:-1], edges[1:], count, confidence, accuracy)
 
 
-def expected_calibration_error(probs: Tensor, labels: Tensor, n_bins: int = 15) -> float:
+def expected_calibration_error(
+    probs: Tensor, labels: Tensor, n_bins: int = 15
+) -> float:
     r"""ECE: :math:`\sum_b \frac{|B_b|}{n}\, \left|\mathrm{acc}(B_b) - \mathrm{conf}(B_b)\right|`.
 
     The average gap between confidence and accuracy, over ``n_bins``
@@ -470,17 +508,29 @@ def fit_temperature(
     """
     check_float(logits, "logits")
     if logits.dim() != 2:
-        raise ValueError(f"logits must have shape (n, C), got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must have shape (n, C), got shape {tuple(logits.shape)}"
+        )
     n, C = logits.shape
     check_tensor(labels, "labels")
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
-        raise TypeError(f"labels must be an integer tensor (class indices), got dtype {labels.dtype}")
+    if (
+        labels.dtype.is_floating_point
+        or labels.dtype == torch.bool
+        or labels.is_complex()
+    ):
+        raise TypeError(
+            f"labels must be an integer tensor (class indices), got dtype {labels.dtype}"
+        )
     if labels.shape != (n,):
-        raise ValueError(f"labels must have shape (n,) = ({n},) to match logits "
-                         f"{tuple(logits.shape)}, got {tuple(labels.shape)}")
+        raise ValueError(
+            f"labels must have shape (n,) = ({n},) to match logits "
+            f"{tuple(logits.shape)}, got {tuple(labels.shape)}"
+        )
     if n == 0 or C == 0:
-        raise ValueError(f"logits must hold at least one example and one class, "
-                         f"got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must hold at least one example and one class, "
+            f"got shape {tuple(logits.shape)}"
+        )
     if bool(((labels < 0) | (labels >= C)).any()):
         raise ValueError(f"labels must be class indices in [0, {C})")
     if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2):
@@ -495,7 +545,9 @@ def fit_temperature(
     if bool(torch.isnan(z).any()):
         raise ValueError("logits contain nan")
     if not bool(torch.isfinite(z.gather(-1, labels[:, None])).all()):
-        raise ValueError("every label's logit must be finite (its class cannot have been removed)")
+        raise ValueError(
+            "every label's logit must be finite (its class cannot have been removed)"
+        )
     # Entries +inf would make every temperature equivalent; reject them too.
     if bool(torch.isposinf(z).any()):
         raise ValueError("logits contain +inf")

@@ -4,6 +4,7 @@ These are thin, checked wrappers around torch's fused kernels: the same dtype
 and device as the input, no extra copies, and a clear error for bad input.
 With ``temperature=1`` they cost exactly what ``torch.softmax`` costs.
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ interpreter must be chosen before Triton is first imported in the process:
 set the environment variable ``TRITON_INTERPRET=1`` before starting Python, or
 call :func:`enable_interpreter` before anything imports ``triton``.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,9 @@ def enable_interpreter() -> bool:
         If Triton was already imported without the interpreter.
     """
     if not triton_available():
-        raise ImportError("Triton is not installed; pip install triton (or softmaxbook[gpu])")
+        raise ImportError(
+            "Triton is not installed; pip install triton (or softmaxbook[gpu])"
+        )
     if "triton" in sys.modules and not interpreter_enabled():
         raise RuntimeError(
             "Triton was already imported without its interpreter; restart Python and call "
@@ -72,7 +75,9 @@ def enable_interpreter() -> bool:
 def _backend():
     """Import the Triton kernels on first use, with a clear error when that cannot work."""
     if not triton_available():
-        raise ImportError("Triton is not installed; pip install triton (or softmaxbook[gpu])")
+        raise ImportError(
+            "Triton is not installed; pip install triton (or softmaxbook[gpu])"
+        )
     from . import _triton
 
     return _triton
@@ -81,12 +86,16 @@ def _backend():
 def _check_runnable(t: Tensor, name: str) -> None:
     if t.device.type == "cuda":
         if interpreter_enabled():
-            raise RuntimeError(f"{name} is on a CUDA device but TRITON_INTERPRET=1 forces Triton's "
-                               "CPU interpreter; unset it to run the kernels natively")
+            raise RuntimeError(
+                f"{name} is on a CUDA device but TRITON_INTERPRET=1 forces Triton's "
+                "CPU interpreter; unset it to run the kernels natively"
+            )
         return
     if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device}; the Triton kernels run on CUDA devices, "
-                         "or on the CPU in Triton's interpreter")
+        raise ValueError(
+            f"{name} is on {t.device}; the Triton kernels run on CUDA devices, "
+            "or on the CPU in Triton's interpreter"
+        )
     if not interpreter_enabled():
         raise RuntimeError(
             f"{name} is on the CPU, where Triton kernels run only in its interpreter: call "
@@ -188,16 +197,20 @@ def triton_flash_attention(
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_runnable(t, name)
     if max(q.shape[-1], v.shape[-1]) > 256:
-        raise ValueError(f"the kernel takes head dimensions up to 256, got q {tuple(q.shape)} "
-                         f"and v {tuple(v.shape)}")
+        raise ValueError(
+            f"the kernel takes head dimensions up to 256, got q {tuple(q.shape)} "
+            f"and v {tuple(v.shape)}"
+        )
     out, lse = _backend().flash_attention(q, k, v, batch, keep, is_causal, scale)
     return (out, lse) if return_lse else out
 
 
 def _check_kernel_dtype(x: Tensor, name: str) -> None:
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"{name} must be float16, bfloat16 or float32 for the Triton kernels, "
-                        f"got {x.dtype}")
+        raise TypeError(
+            f"{name} must be float16, bfloat16 or float32 for the Triton kernels, "
+            f"got {x.dtype}"
+        )
 
 
 def kernel_source(name: str) -> str:
@@ -214,4 +227,4 @@ def kernel_source(name: str) -> str:
     text = (Path(__file__).with_name("_triton.py")).read_text()
     start = text.index(f"@triton.jit\ndef {names[name]}(")
     end = text.find("\n\n\n", start)
-    return text[start:end if end != -1 else len(text)].rstrip() + "\n"
+    return text[start : end if end != -1 else len(text)].rstrip() + "\n"
