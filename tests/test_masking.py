@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import softmaxbook as sb
 from softmaxbook import reference
-from softmaxbook.masking import check_mask
 
 
 def _random_case(seed, shape, p_keep=0.6, dtype=torch.float64):
@@ -360,18 +359,6 @@ def test_masked_softmax_errors():
         sb.masked_softmax(scores, None, dim=3)
     with pytest.raises(TypeError, match="dim must be an int"):
         sb.masked_softmax(scores, None, dim=1.0)
-
-
-def test_check_mask_device_mismatch():
-    scores = torch.empty(2, 3, device="meta")
-    with pytest.raises(ValueError, match="mask is on cpu but the scores are on meta"):
-        check_mask(torch.ones(3, dtype=torch.bool), scores)
-
-
-def test_check_mask_returns_expanded_view():
-    mask = torch.tensor([True, False, True])
-    out = check_mask(mask, torch.zeros(2, 3))
-    assert out.shape == (2, 3) and out.data_ptr() == mask.data_ptr()
 
 
 # --- additive_mask and mask_fill_value ---------------------------------------------------

@@ -27,14 +27,13 @@ from . import (
     reference,
     sampling,
 )
-from . import (
-    softmax as _softmax_module,
-)
+from . import softmax as _softmax_module
 from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .device import *  # noqa: F403
 from .gradients import *  # noqa: F403
+from .kernels.dispatch import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
@@ -46,7 +45,8 @@ from .softmax import *  # noqa: F403
 __version__ = "0.1.0"
 
 #: The public API, by module. ``reference`` and ``kernels`` stay modules
-#: (``sb.reference.softmax``, ``sb.kernels.triton_softmax``).
+#: (``sb.reference.softmax``, ``sb.kernels.triton_softmax``); of ``kernels``, the
+#: dispatch report is also here (``sb.explain_dispatch``).
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
@@ -58,6 +58,7 @@ __all__ = [
     *analysis.__all__,
     *models.__all__,
     *device.__all__,
+    *kernels.dispatch.__all__,
     *notebook.__all__,
     *plotting.__all__,
     "reference",

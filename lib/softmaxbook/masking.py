@@ -17,7 +17,14 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_positive_int, check_tensor
+from ._checks import (
+    check_dim,
+    check_float,
+    check_mask,
+    check_positive_int,
+    check_tensor,
+    zero_empty_rows,
+)
 
 __all__ = [
     "causal_mask",
@@ -139,48 +146,6 @@ def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
     return positions < lengths.unsqueeze(-1)  # (B, max_len)
 
 
-def check_mask(mask, scores: Tensor, name: str = "mask") -> Tensor:
-    """Check that ``mask`` is a boolean tensor that broadcasts to ``scores``; return it expanded.
-
-    Internal helper shared with :mod:`softmaxbook.attention`. The result is a
-    view of ``mask`` with the shape of ``scores`` (no copy).
-
-    Raises
-    ------
-    TypeError
-        If ``mask`` is not a tensor or not boolean.
-    ValueError
-        If ``mask`` does not broadcast to the shape of ``scores``, or lives on
-        another device.
-    """
-    check_tensor(mask, name)
-    if mask.dtype != torch.bool:
-        hint = (
-            "for a 0/-inf additive mask use (additive == 0)"
-            if mask.is_floating_point()
-            else "for a 0/1 mask use .bool()"
-        )
-        raise TypeError(
-            f"{name} must be a boolean tensor (True = may attend), got dtype {mask.dtype}; "
-            f"{hint}"
-        )
-    try:
-        shape = torch.broadcast_shapes(mask.shape, scores.shape)
-    except RuntimeError:
-        shape = None
-    if shape != scores.shape:
-        raise ValueError(
-            f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' "
-            f"shape {tuple(scores.shape)}"
-        )
-    if mask.device != scores.device:
-        raise ValueError(
-            f"{name} is on {mask.device} but the scores are on {scores.device}; "
-            f"move it with {name}.to(scores.device)"
-        )
-    return mask.expand(scores.shape)
-
-
 def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
     r"""Softmax over the entries where ``mask`` is True; zeros elsewhere.
 
@@ -233,13 +198,9 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
     if mask is not None:
         keep = check_mask(mask, scores)
         scores = scores.masked_fill(~keep, float("-inf"))
-    empty = torch.isneginf(scores).all(
-        dim=dim, keepdim=True
-    )  # rows with nothing to attend
-    # A finite stand-in for the empty rows keeps nan out of softmax's forward and backward;
-    # their output (and so their gradient) is zeroed afterwards.
-    safe = scores.masked_fill(empty, 0.0)
-    return torch.softmax(safe, dim=dim).masked_fill(empty, 0.0)
+    # A row with nothing left to attend gives zeros, never nan (in _checks: the same
+    # guard serves attention's other normalizers and the custom-backward softmax).
+    return zero_empty_rows(lambda s: torch.softmax(s, dim=dim), scores, dim)
 
 
 def mask_fill_value(dtype: torch.dtype) -> float:

@@ -17,7 +17,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_positive, check_positive_int
+from ._checks import (
+    check_attention_args,
+    check_dim,
+    check_float,
+    check_positive_int,
+)
+from .kernels import explain_dispatch, triton_flash_attention
 
 __all__ = [
     "online_softmax",
@@ -91,38 +97,6 @@ def _block_sizes(block_size) -> tuple[int, int]:
     return block, block
 
 
-def _attention_args(q, k, v, mask, is_causal, scale):
-    """Check flash attention's arguments; return (batch shape, scale, mask broadcast or None)."""
-    from .attention import (
-        _check_qkv,
-    )  # attention imports masking; keep module import light
-    from .masking import check_mask
-
-    _check_qkv(q, k, v)
-    if mask is not None and is_causal:
-        raise ValueError(
-            "pass either mask or is_causal=True, not both "
-            "(combine them yourself: mask & causal_mask(L, S))"
-        )
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    scale = (
-        1.0 / math.sqrt(q.shape[-1])
-        if scale is None
-        else check_positive(scale, "scale")
-    )
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if mask is not None:
-        # A scalar expanded to the scores' shape stands in for them without allocating them.
-        scores = torch.empty((), device=q.device).expand(
-            batch + (q.shape[-2], k.shape[-2])
-        )
-        mask = check_mask(
-            mask, scores
-        )  # an expanded view: no (L, S) copy per batch entry
-    return batch, scale, mask
-
-
 def flash_attention(
     q: Tensor,
     k: Tensor,
@@ -133,7 +107,7 @@ def flash_attention(
     scale: float | None = None,
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
     return_lse: bool = False,
-):
+) -> Tensor | tuple[Tensor, Tensor]:
     r"""Exact attention computed tile by tile: :math:`\mathrm{softmax}(QK^\top \cdot \text{scale})\,V`.
 
     The algorithm of FlashAttention (Dao et al., 2022). Queries are cut into
@@ -202,13 +176,9 @@ def flash_attention(
         If the shapes do not fit together, the mask does not broadcast,
         ``scale <= 0``, or both ``mask`` and ``is_causal`` are given.
     """
-    from .device import explain_dispatch
-
-    batch, scale, keep = _attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
     block_q, block_k = _block_sizes(block_size)
     if explain_dispatch("flash_attention", q, k, v).path == "triton":
-        from .kernels import triton_flash_attention
-
         return triton_flash_attention(
             q, k, v, mask=mask, is_causal=is_causal, scale=scale, return_lse=return_lse
         )
@@ -268,7 +238,7 @@ def flash_attention_steps(
     TypeError, ValueError
         For bad input, as :func:`flash_attention`.
     """
-    batch, scale, keep = _attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
     block_q, block_k = _block_sizes(block_size)
     return _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k)
 
@@ -283,13 +253,13 @@ def _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
         m = torch.full(
             qb.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device
         )  # (..., bq)
-        l = torch.zeros_like(m)
+        ell = torch.zeros_like(m)
         o = torch.zeros(qb.shape[:-1] + v.shape[-1:], dtype=acc_dtype, device=q.device)
         k_end = (
             min(S, q1) if is_causal else S
         )  # causal: later key blocks are all masked
         if k_end == 0:
-            yield FlashStep(q0, q1, 0, 0, qb[..., :0], m, l, o, True)
+            yield FlashStep(q0, q1, 0, 0, qb[..., :0], m, ell, o, True)
         for k0 in range(0, k_end, block_k):
             k1 = min(k0 + block_k, S)
             s = qb @ k[..., k0:k1, :].transpose(
@@ -298,7 +268,9 @@ def _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
             tile_keep = _tile_mask(keep, is_causal, q0, q1, k0, k1, q.device)
             if tile_keep is not None:
                 s = s.masked_fill(~tile_keep, float("-inf"))
-            with torch.no_grad():  # the shift cancels in o / l, so it needs no gradient
+            with (
+                torch.no_grad()
+            ):  # the shift cancels in o / ell, so it needs no gradient
                 m_new = torch.maximum(m, s.amax(dim=-1))
                 # A row with no key so far has m = -inf: shift by 0 to keep exp(-inf - -inf) out.
                 shift = m_new.masked_fill(torch.isneginf(m_new), 0.0)
@@ -306,10 +278,10 @@ def _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
                     m - shift
                 )  # rescales the old state to the new maximum
             p = torch.exp(s - shift.unsqueeze(-1))
-            l = l * alpha + p.sum(dim=-1)
+            ell = ell * alpha + p.sum(dim=-1)
             o = o * alpha.unsqueeze(-1) + p @ v[..., k0:k1, :]
             m = m_new
-            yield FlashStep(q0, q1, k0, k1, s, m, l, o, k0 + block_k >= k_end)
+            yield FlashStep(q0, q1, k0, k1, s, m, ell, o, k0 + block_k >= k_end)
 
 
 def _flash_attention_differentiable(
@@ -399,7 +371,7 @@ def _flash_query_blocks(
         bq = q1 - q0
         qb = qf[:, q0:q1]  # (BH, bq, D)
         m = m_buf[:, :bq].fill_(float("-inf"))  # running maximum
-        l = l_buf[:, :bq].zero_()  # running sum
+        ell = l_buf[:, :bq].zero_()  # running sum
         o = out[:, q0:q1]  # (BH, bq, Dv): the unnormalized output, accumulated in place
         k_end = min(S, q1) if is_causal else S
         for k0 in range(0, k_end, block_k):
@@ -421,11 +393,11 @@ def _flash_query_blocks(
             )
             alpha = torch.exp2(m - shift)
             p = s.sub_(shift).exp2_()
-            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             o.mul_(alpha).baddbmm_(p, vf[:, k0:k1])
             m.copy_(m_new)
-        nonzero = l > 0
-        l_safe = torch.where(nonzero, l, torch.ones_like(l))
+        nonzero = ell > 0
+        l_safe = torch.where(nonzero, ell, torch.ones_like(ell))
         o.div_(l_safe)
         lse[:, q0:q1] = torch.where(
             nonzero, (m + torch.log2(l_safe)) * _LN2, float("-inf")
@@ -477,7 +449,9 @@ def _unflatten(out, lse, batch, dtype):
     )
 
 
-def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor):
+def merge_attention_states(
+    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
+) -> tuple[Tensor, Tensor]:
     r"""Merge two partial attention results over disjoint key sets into one.
 
     If ``(out_a, lse_a)`` is attention over keys :math:`A` (with
@@ -514,15 +488,15 @@ def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: T
         ("lse_b", lse_b),
     ):
         check_float(t, name)
-    for o_name, o, l_name, l in (
+    for o_name, o, l_name, ell in (
         ("out_a", out_a, "lse_a", lse_a),
         ("out_b", out_b, "lse_b", lse_b),
     ):
-        if o.dim() < 2 or tuple(l.shape) != tuple(o.shape[:-1]):
+        if o.dim() < 2 or tuple(ell.shape) != tuple(o.shape[:-1]):
             raise ValueError(
                 f"{l_name} must have the shape of {o_name} without its last "
                 f"dimension, (..., L); got {o_name} {tuple(o.shape)} and "
-                f"{l_name} {tuple(l.shape)}"
+                f"{l_name} {tuple(ell.shape)}"
             )
     try:
         torch.broadcast_shapes(out_a.shape, out_b.shape)

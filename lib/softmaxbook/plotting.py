@@ -5,16 +5,20 @@ readable on the website's dark theme too), the colour-blind-safe Okabe-Ito
 palette, and labels large enough to read on a phone. Every helper returns the
 matplotlib ``Axes`` it drew on, so a caller can add to it.
 
-Call :func:`use_style` once at the top of a notebook.
+Call :func:`use_style` once at the top of a notebook. matplotlib is imported
+only when a figure is made or the style applied, so ``import softmaxbook``
+costs a training script nothing for figures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import matplotlib as mpl
-import matplotlib.pyplot as plt
 import numpy as np
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is made, not before
+    from matplotlib.axes import Axes
 
 __all__ = ["PALETTE", "use_style", "plot_distribution", "plot_curves", "plot_heatmap"]
 
@@ -45,7 +49,6 @@ _STYLE = {
     "axes.grid": True,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.prop_cycle": mpl.cycler(color=PALETTE),
     "grid.color": "#dddddd",
     "grid.linewidth": 0.8,
     "legend.frameon": False,
@@ -62,11 +65,18 @@ _STYLE = {
 
 def use_style() -> None:
     """Apply the book's figure style to matplotlib (global, idempotent)."""
+    import matplotlib as mpl
+
     mpl.rcParams.update(_STYLE)
+    mpl.rcParams["axes.prop_cycle"] = mpl.cycler(color=PALETTE)
 
 
-def _axes(ax):
-    return ax if ax is not None else plt.subplots()[1]
+def _axes(ax: Axes | None) -> Axes:
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt  # only when a figure is made
+
+    return plt.subplots()[1]
 
 
 def plot_distribution(
@@ -80,7 +90,7 @@ def plot_distribution(
     color: str | None = None,
     annotate: bool = True,
     fmt: str = "{:.3f}",
-):
+) -> Axes:
     """Bar chart of one vector, e.g. scores or the weights softmax makes of them.
 
     Parameters
@@ -130,7 +140,7 @@ def plot_curves(
     logy: bool = False,
     markers: bool = False,
     legend_title: str | None = None,
-):
+) -> Axes:
     """Line plot of a family of curves that share one x axis.
 
     Parameters
@@ -171,7 +181,7 @@ def plot_heatmap(
     annotate: bool = False,
     fmt: str = "{:.2f}",
     colorbar: bool = True,
-):
+) -> Axes:
     """Heatmap of a 2-D matrix: attention weights, a mask, a Jacobian.
 
     Parameters

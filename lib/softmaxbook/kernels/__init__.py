@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .._checks import check_dim, check_float
-from ..device import explain_dispatch, triton_available
+from .._checks import check_attention_args, check_dim, check_float
+from .dispatch import (
+    INTERPRETER_ENV_VAR,
+    DispatchDecision,
+    explain_dispatch,
+    interpreter_enabled,
+    triton_available,
+)
 
 __all__ = [
     "fused_softmax",
@@ -32,15 +39,10 @@ __all__ = [
     "enable_interpreter",
     "interpreter_enabled",
     "triton_available",
+    "explain_dispatch",
+    "DispatchDecision",
     "kernel_source",
 ]
-
-_INTERPRET = "TRITON_INTERPRET"
-
-
-def interpreter_enabled() -> bool:
-    """True when Triton runs (or, once imported, will run) kernels in its CPU interpreter."""
-    return os.environ.get(_INTERPRET, "0").strip().lower() in {"1", "true", "on", "yes"}
 
 
 def enable_interpreter() -> bool:
@@ -68,7 +70,7 @@ def enable_interpreter() -> bool:
             "softmaxbook.kernels.enable_interpreter() (or set TRITON_INTERPRET=1) before "
             "anything imports triton"
         )
-    os.environ[_INTERPRET] = "1"
+    os.environ[INTERPRETER_ENV_VAR] = "1"
     return True
 
 
@@ -163,7 +165,7 @@ def triton_flash_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
-):
+) -> Tensor | tuple[Tensor, Tensor]:
     r"""FlashAttention's forward pass as one Triton kernel.
 
     One program computes a block of query rows: it loads the queries once,
@@ -190,9 +192,7 @@ def triton_flash_attention(
     RuntimeError
         If the tensors are on the CPU and the interpreter is not enabled.
     """
-    from ..online import _attention_args
-
-    batch, scale, keep = _attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
     _check_kernel_dtype(q, "q")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_runnable(t, name)
@@ -219,8 +219,6 @@ def kernel_source(name: str) -> str:
     Read from the module file without importing Triton, so that the book can
     show the kernels on any machine.
     """
-    from pathlib import Path
-
     names = {"softmax": "_softmax_kernel", "flash_attention": "_flash_attention_kernel"}
     if name not in names:
         raise ValueError(f"name={name!r} is unknown; expected one of {sorted(names)}")
