@@ -233,3 +233,8 @@ def test_distance_and_sparsity_argument_errors():
         sb.attention_sparsity(w, torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="threshold"):
         sb.attention_sparsity(w, threshold=-0.1)
+    with pytest.raises(ValueError, match="threshold"):
+        sb.attention_sparsity(w, threshold=float("nan"))
+    for wrong_type in ("x", None, True):  # a wrong type is a TypeError
+        with pytest.raises(TypeError, match="threshold must be a real number"):
+            sb.attention_sparsity(w, threshold=wrong_type)

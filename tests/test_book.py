@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a full build: `make test-fast` leaves it out
 def test_book_builds_without_warnings(book_build):
     output = book_build.stdout + book_build.stderr
     warnings = [
@@ -115,4 +116,17 @@ def test_no_control_characters_ate_tex(notebook):
                 )
     assert not found, (
         f"{notebook.name}: a JSON escape replaced a TeX backslash: {found}"
+    )
+
+
+def test_the_fast_tests_never_build_the_book(request):
+    # `make test-fast` runs `-m "not slow"`: no test it selects may build the website.
+    builders = [
+        item.nodeid
+        for item in request.session.items
+        if "book_build" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("slow") is None
+    ]
+    assert not builders, (
+        f"tests that build the book but are not marked slow: {builders}"
     )

@@ -30,6 +30,7 @@ def _facts(**overrides):
         needs_grad=False,
         width=64,
         have_triton=True,
+        interpreter=False,
     )
     facts.update(overrides)
     return facts
@@ -82,3 +83,31 @@ def test_explain_dispatch_bad_input():
         sb.explain_dispatch("softmax")
     with pytest.raises(TypeError, match="argument 1 must be a torch.Tensor"):
         sb.explain_dispatch("softmax", [1.0, 2.0])
+
+
+# ---------------------------------------------------------------- the fixed defects
+
+
+def _captured_facts(monkeypatch):
+    monkeypatch.setattr(dispatch, "_decide", lambda op, **facts: facts)
+
+
+def test_the_value_head_size_counts_too(monkeypatch):
+    # q and k have D = 64, v has Dv = 512: above the kernel's limit, so torch.
+    _captured_facts(monkeypatch)
+    q, v = torch.zeros(2, 8, 64), torch.zeros(2, 8, 512)
+    assert sb.explain_dispatch("flash_attention", q, q, v)["width"] == 512
+    monkeypatch.undo()
+    deep_v = dispatch._decide("flash_attention", **_facts(width=512))
+    assert deep_v.path == "torch" and "512" in deep_v.reason
+
+
+def test_the_interpreter_keeps_cuda_tensors_on_torch(monkeypatch):
+    # TRITON_INTERPRET=1 runs Triton on CPU tensors only: CUDA tensors go to torch.
+    decision = dispatch._decide("flash_attention", **_facts(interpreter=True))
+    assert decision.path == "torch" and "TRITON_INTERPRET" in decision.reason
+    _captured_facts(monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is True
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is False

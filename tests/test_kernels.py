@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import softmaxbook as sb
 from softmaxbook import kernels
+from softmaxbook.kernels import dispatch
 
 # Triton is pinned in requirements.txt: under CI a missing Triton is a failure, not a
 # quiet skip of every kernel test. Elsewhere (a course's own venv) the tests skip.
@@ -263,3 +264,55 @@ def _cuda_ms(fn, repeats=20):
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats
+
+
+# ---------------------------------------------------------------- the fixed defects
+
+
+@pytest.mark.skipif(
+    not kernels.interpreter_enabled(), reason="Triton's interpreter only"
+)
+def test_bfloat16_attention_is_refused_in_the_interpreter():
+    # The interpreter's tl.dot multiplies the raw bit patterns of bfloat16: an output
+    # error of ~1e9, silently. It must be an error instead.
+    q, k, v = _qkv(5, 6, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16.*interpreter"):
+        kernels.triton_flash_attention(q, k, v)
+    # float16 and float32 stay supported there.
+    out = kernels.triton_flash_attention(*(t.half() for t in (q, k, v)))
+    assert out.dtype == torch.float16
+
+
+def test_the_kernels_use_the_shared_limits(monkeypatch):
+    # The limits live in kernels.dispatch, and the kernels read them there.
+    monkeypatch.setattr(dispatch, "ATTENTION_KERNEL_MAX_HEAD_DIM", 16)
+    q, k, v = _qkv(3, 4, D=16, Dv=32)
+    with pytest.raises(ValueError, match="up to 16"):
+        kernels.triton_flash_attention(q, k, v)
+    monkeypatch.setattr(dispatch, "SOFTMAX_KERNEL_MAX_COLS", 8)
+    with pytest.raises(ValueError, match="8"):
+        kernels.triton_softmax(_randn(2, 9))
+
+
+def test_triton_softmax_refuses_rows_wider_than_the_kernel():
+    # A 2 x 70000 input would compile a 131072-wide block on a GPU; it is refused
+    # before any kernel is launched, with the limit in the message.
+    with pytest.raises(ValueError, match="65536"):
+        kernels.triton_softmax(torch.zeros(2, 70_000, device=DEVICE))
+    # fused_softmax falls back to torch for such rows instead.
+    x = _randn(2, 70_000)
+    torch.testing.assert_close(kernels.fused_softmax(x), torch.softmax(x, -1))
+
+
+@gpu
+@needs_cuda
+def test_native_bfloat16_attention_on_gpu():
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda") for _ in range(3))
+    half = [t.bfloat16() for t in (q, k, v)]
+    assert sb.explain_dispatch("flash_attention", *half).path == "triton"
+    ours = kernels.triton_flash_attention(*half)
+    exact = F.scaled_dot_product_attention(*(t.double() for t in half))
+    baseline = F.scaled_dot_product_attention(*half)
+    error, torch_error = ((o.double() - exact).abs().max() for o in (ours, baseline))
+    # float32 accumulation: no worse than twice torch's own bfloat16 kernel.
+    assert error <= 2 * torch_error + 1e-6, (error, torch_error)

@@ -268,3 +268,18 @@ def test_train_errors():
         sb.train(model, data, lr=0.0)
     with pytest.raises(ValueError, match="warmup"):
         sb.train(model, data, warmup=-1)
+
+
+def test_train_argument_types_and_nan():
+    # A wrong type is a TypeError, a bad value a ValueError, and nan is never taken.
+    model = _model()
+    data = sb.make_associative_recall(
+        10, n_pairs=4, n_keys=4, n_values=4, generator=_gen()
+    )
+    with pytest.raises(TypeError, match="warmup must be an int"):
+        sb.train(model, data, steps=1, warmup=1.5)
+    for bad in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="weight_decay must be a finite number"):
+            sb.train(model, data, steps=1, weight_decay=bad)
+    with pytest.raises(TypeError, match="weight_decay must be a real number"):
+        sb.train(model, data, steps=1, weight_decay="0.1")

@@ -354,3 +354,15 @@ def test_merge_bad_input():
         sb.merge_attention_states(out, lse, out, lse.long())
     with pytest.raises(ValueError, match="do not broadcast"):
         sb.merge_attention_states(out, lse, torch.zeros(3, 3, 4), torch.zeros(3, 3))
+
+
+def test_online_softmax_of_a_scalar_is_one_like_softmax():
+    # A 0-d tensor is one row of one entry, as for sb.softmax and torch.softmax.
+    for value in (0.3, -1e4):
+        x = torch.tensor(value, dtype=torch.float64)
+        out = sb.online_softmax(x)
+        assert out.shape == () and out.dtype == x.dtype
+        assert torch.equal(out, sb.softmax(x))
+    assert torch.equal(sb.online_softmax(torch.tensor(2.0), dim=-1), torch.tensor(1.0))
+    with pytest.raises(IndexError, match="out of range"):
+        sb.online_softmax(torch.tensor(2.0), dim=1)

@@ -549,3 +549,15 @@ def test_public_api():
         "fit_temperature",
     ):
         assert name in sb.__all__ and hasattr(sb, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sample_upcasts_before_dividing_by_a_small_temperature(dtype):
+    # 10 / 1e-4 = 1e5 overflows float16 (largest finite 65504): dividing first would
+    # turn the row into inf and nan. T -> 0 is greedy, so the argmax is drawn.
+    logits = torch.tensor([[9.0, 10.0, 0.0], [1.0, -3.0, 0.5]], dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    tokens = sb.sample(logits.expand(50, 2, 3), temperature=1e-4, generator=g)
+    assert torch.equal(tokens, torch.tensor([1, 0]).expand(50, 2))
+    filtered = sb.sample(logits, temperature=1e-4, top_k=2, top_p=0.5, generator=g)
+    assert filtered.tolist() == [1, 0]

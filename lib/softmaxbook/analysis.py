@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_mask
+from ._checks import check_dim, check_float, check_mask, check_nonnegative
 
 __all__ = ["entropy", "attention_entropy", "attention_distance", "attention_sparsity"]
 
@@ -198,18 +198,14 @@ def attention_sparsity(
     Raises
     ------
     TypeError
-        If ``weights`` is not a floating-point tensor, or ``mask`` not boolean.
+        If ``weights`` is not a floating-point tensor, ``mask`` not boolean,
+        or ``threshold`` not a real number.
     ValueError
         If ``weights`` has fewer than 2 dimensions or a negative entry, ``mask``
-        does not broadcast, or ``threshold`` is negative.
+        does not broadcast, or ``threshold`` is negative or not finite.
     """
     _check_weights(weights)
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not threshold >= 0
-    ):
-        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    threshold = check_nonnegative(threshold, "threshold")
     live = (weights.sum(dim=-1, keepdim=True) > 0).expand(weights.shape)  # (..., L, S)
     allowed = live if mask is None else check_mask(mask, weights) & live
     zeros = (weights <= threshold) & allowed

@@ -51,6 +51,8 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
     check_float(x)
     dim = check_dim(x, dim)
     block_size = check_positive_int(block_size, "block_size")
+    if x.dim() == 0:  # one row of one entry, as for softmax
+        return online_softmax(x.reshape(1), 0, block_size=block_size).reshape(())
     acc = torch.promote_types(x.dtype, torch.float32)
     xt = x.movedim(dim, -1).to(acc)  # (..., N)
     m = torch.full(xt.shape[:-1] + (1,), float("-inf"), dtype=acc, device=x.device)

@@ -71,6 +71,15 @@ def use_style() -> None:
     mpl.rcParams["axes.prop_cycle"] = mpl.cycler(color=PALETTE)
 
 
+def _as_array(values) -> np.ndarray:
+    """A float64 NumPy array of ``values``: a tensor of any dtype, on any device."""
+    if hasattr(values, "detach"):  # a torch tensor; NumPy has no bfloat16
+        import torch
+
+        return values.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(values, dtype=float)
+
+
 def _axes(ax: Axes | None) -> Axes:
     if ax is not None:
         return ax
@@ -102,9 +111,7 @@ def plot_distribution(
     annotate : bool
         Write each value above its bar, formatted with ``fmt``.
     """
-    v = np.asarray(
-        values.detach().cpu() if hasattr(values, "detach") else values, dtype=float
-    )
+    v = _as_array(values)
     if v.ndim != 1:
         raise ValueError(f"values must be one-dimensional, got shape {v.shape}")
     ax = _axes(ax)
@@ -153,7 +160,7 @@ def plot_curves(
     for label, y in curves.items():
         ax.plot(
             x,
-            np.asarray(y, dtype=float),
+            _as_array(y),
             label=label,
             marker="o" if markers else None,
             markersize=4,
@@ -191,8 +198,7 @@ def plot_heatmap(
     annotate : bool
         Write each value in its cell (for small matrices).
     """
-    m = matrix.detach().cpu() if hasattr(matrix, "detach") else matrix
-    m = np.asarray(m, dtype=float)
+    m = _as_array(matrix)
     if m.ndim != 2:
         raise ValueError(f"matrix must be two-dimensional, got shape {m.shape}")
     ax = _axes(ax)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_attention_args, check_dim, check_float
+from . import dispatch
 from .dispatch import (
     INTERPRETER_ENV_VAR,
     DispatchDecision,
@@ -126,7 +127,8 @@ def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
     TypeError
         If ``x`` is not a float16, bfloat16 or float32 tensor.
     ValueError
-        If a row is wider than the kernel's limit.
+        If a row is wider than the kernel's limit, 65536 entries
+        (``SOFTMAX_KERNEL_MAX_COLS``).
     RuntimeError
         If ``x`` is on the CPU and the interpreter is not enabled.
     """
@@ -134,6 +136,13 @@ def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
     dim = check_dim(x, dim)
     _check_kernel_dtype(x, "x")
     _check_runnable(x, "x")
+    width = x.shape[dim] if x.dim() else 1
+    if width > dispatch.SOFTMAX_KERNEL_MAX_COLS:
+        raise ValueError(
+            f"x has rows of {width} entries along dim={dim}; the fused kernel holds "
+            f"a row of at most {dispatch.SOFTMAX_KERNEL_MAX_COLS} in one piece "
+            "(fused_softmax falls back to torch.softmax for wider rows)"
+        )
     return _backend().softmax(x, dim)
 
 
@@ -187,8 +196,10 @@ def triton_flash_attention(
     ------
     TypeError, ValueError
         For bad input, as :func:`~softmaxbook.flash_attention`; also for a
-        dtype other than float16, bfloat16, float32 or a head dimension above
-        256.
+        dtype other than float16, bfloat16, float32, for bfloat16 in Triton's
+        CPU interpreter (its ``tl.dot`` cannot multiply bfloat16), and for a
+        head dimension of q or v above ``ATTENTION_KERNEL_MAX_HEAD_DIM`` (256)
+        of ``softmaxbook.kernels.dispatch``.
     RuntimeError
         If the tensors are on the CPU and the interpreter is not enabled.
     """
@@ -196,10 +207,18 @@ def triton_flash_attention(
     _check_kernel_dtype(q, "q")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_runnable(t, name)
-    if max(q.shape[-1], v.shape[-1]) > 256:
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        # Triton's interpreter multiplies the raw bit patterns of bfloat16 in tl.dot
+        # (not supported upstream): the output would be garbage, silently.
+        raise TypeError(
+            "q is bfloat16, which Triton's CPU interpreter cannot multiply (tl.dot "
+            "reads its raw bits); use float16 or float32 there, or a CUDA device"
+        )
+    limit = dispatch.ATTENTION_KERNEL_MAX_HEAD_DIM
+    if max(q.shape[-1], v.shape[-1]) > limit:
         raise ValueError(
-            f"the kernel takes head dimensions up to 256, got q {tuple(q.shape)} "
-            f"and v {tuple(v.shape)}"
+            f"the kernel takes head dimensions up to {limit}, got q "
+            f"{tuple(q.shape)} and v {tuple(v.shape)}"
         )
     out, lse = _backend().flash_attention(q, k, v, batch, keep, is_causal, scale)
     return (out, lse) if return_lse else out

@@ -111,8 +111,8 @@ def explain_dispatch(op: str, *tensors: torch.Tensor) -> DispatchDecision:
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if op == "softmax":
         width = tensors[0].shape[-1] if tensors[0].dim() else 1
-    else:
-        width = tensors[0].shape[-1] if tensors[0].dim() else 0
+    else:  # the head size of q and k, and the value head size Dv of v
+        width = max((t.shape[-1] for t in tensors if t.dim()), default=0)
     return _decide(
         op,
         device_types={t.device.type for t in tensors},
@@ -120,13 +120,18 @@ def explain_dispatch(op: str, *tensors: torch.Tensor) -> DispatchDecision:
         needs_grad=needs_grad,
         width=width,
         have_triton=triton_available(),
+        interpreter=interpreter_enabled(),
     )
 
 
 def _decide(
-    op, *, device_types, dtypes, needs_grad, width, have_triton
+    op, *, device_types, dtypes, needs_grad, width, have_triton, interpreter
 ) -> DispatchDecision:
-    """The dispatch rule itself, on plain facts (testable without a GPU)."""
+    """The dispatch rule itself, on plain facts (testable without a GPU).
+
+    ``width`` is the row length for ``"softmax"``, and the largest head size
+    (``D`` of q and k, ``Dv`` of v) for ``"flash_attention"``.
+    """
 
     def torch_path(reason):
         return DispatchDecision(op, "torch", reason)
@@ -139,6 +144,11 @@ def _decide(
         )
     if not have_triton:
         return torch_path("Triton is not installed (pip install triton)")
+    if interpreter:
+        return torch_path(
+            "TRITON_INTERPRET=1 runs Triton in its CPU interpreter, which cannot "
+            "take CUDA tensors"
+        )
     bad = sorted(str(d) for d in dtypes if d not in KERNEL_DTYPES)
     if bad:
         return torch_path(
@@ -157,7 +167,7 @@ def _decide(
         )
     if op == "flash_attention" and width > ATTENTION_KERNEL_MAX_HEAD_DIM:
         return torch_path(
-            f"head dimension {width} exceeds the kernel's "
+            f"head dimension {width} (of q, k or v) exceeds the kernel's "
             f"{ATTENTION_KERNEL_MAX_HEAD_DIM}"
         )
     return DispatchDecision(

@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_positive, check_positive_int, check_tensor
+from .._checks import (
+    check_nonnegative,
+    check_nonnegative_int,
+    check_positive,
+    check_positive_int,
+    check_tensor,
+)
 from ..analysis import attention_distance, attention_entropy, attention_sparsity
 from ..masking import causal_mask
 
@@ -204,6 +210,16 @@ def train(
     Returns
     -------
     TrainingHistory
+
+    Raises
+    ------
+    TypeError
+        If ``data`` is not a pair of tensors, or a count (``steps``,
+        ``warmup``, ...) is not an int, or a rate not a real number.
+    ValueError
+        If the shapes do not fit, a count is out of range (``warmup < 0``,
+        ``steps < 1``), or ``lr``, ``weight_decay`` or ``max_grad_norm`` is
+        negative, zero where it must be positive, or not finite.
     """
     tokens, targets = _check_data(data, "data")
     eval_data = (
@@ -216,12 +232,10 @@ def train(
     eval_every = check_positive_int(eval_every, "eval_every")
     probe_size = check_positive_int(probe_size, "probe_size")
     lr = check_positive(lr, "lr")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    warmup = check_nonnegative_int(warmup, "warmup")
+    weight_decay = check_nonnegative(weight_decay, "weight_decay")
     if max_grad_norm is not None:
         max_grad_norm = check_positive(max_grad_norm, "max_grad_norm")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 

@@ -162,10 +162,11 @@ def sample(
 ) -> Tensor:
     r"""Draw one token per row from :math:`\mathrm{softmax}(\mathrm{filter}(z / T))`.
 
-    The steps, in the order most libraries use: divide the logits by the
-    temperature :math:`T`, apply :func:`top_k_filter` (if ``top_k`` is given),
-    then :func:`top_p_filter` (if ``top_p`` is given) on the tempered logits,
-    take the softmax in at least float32, and draw with
+    The steps, in the order most libraries use: upcast the logits to at
+    least float32 (so that a small temperature cannot overflow float16),
+    divide them by the temperature :math:`T`, apply :func:`top_k_filter` (if
+    ``top_k`` is given), then :func:`top_p_filter` (if ``top_p`` is given) on
+    the tempered logits, take the softmax, and draw with
     :func:`torch.multinomial`.
 
     The same ``generator`` state gives the same tokens: seed a
@@ -227,7 +228,9 @@ def sample(
             "logits has an empty last dimension (V = 0): there is nothing to sample"
         )
     batch_shape = logits.shape[:-1]
-    z = logits if t == 1.0 else logits / t
+    # Upcast before dividing: a float16 logit of 10 at T = 1e-4 would overflow.
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    z = z if t == 1.0 else z / t
     if top_k is not None:
         z = top_k_filter(z, top_k)
     if top_p is not None:
@@ -241,8 +244,6 @@ def sample(
         raise ValueError(
             "a row of logits has no finite entry (all -inf): nothing to sample"
         )
-    probs = torch.softmax(
-        rows.to(torch.promote_types(rows.dtype, torch.float32)), dim=-1
-    )
+    probs = torch.softmax(rows, dim=-1)  # rows are float32 or float64
     tokens = torch.multinomial(probs, 1, generator=generator)  # (N, 1)
     return tokens.reshape(batch_shape)
