@@ -24,8 +24,9 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _timing import cuda_seconds, machine, median_seconds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("naive", "sdpa", "flash")
@@ -79,15 +80,11 @@ def worker(method: str, n: int, repeats: int) -> dict:
         out = fn(q, k, v)
         peak = _status_kib("VmHWM")
         del out
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn(q, k, v)
-            times.append(time.perf_counter() - start)
+        seconds = median_seconds(lambda: fn(q, k, v), repeats)
     return {
         "method": method,
         "n": n,
-        "time_s": statistics.median(times),
+        "time_s": seconds,
         "peak_extra_mib": max(peak - before, 0) / 1024,
     }
 
@@ -127,19 +124,9 @@ def gpu_report(sizes) -> None:
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-                start, end = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
-                start.record()
-                for _ in range(10):
-                    fn(q, k, v)
-                end.record()
-                torch.cuda.synchronize()
+                seconds = cuda_seconds(lambda: fn(q, k, v), 10)  # noqa: B023
             peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-            print(
-                f"  {n:>6} {method:>6} {start.elapsed_time(end) / 10:>9.3f} {peak:>15.1f}"
-            )
+            print(f"  {n:>6} {method:>6} {seconds * 1e3:>9.3f} {peak:>15.1f}")
 
 
 def main() -> None:
@@ -172,6 +159,7 @@ def main() -> None:
     import torch
 
     rounds = args.rounds or (1 if args.quick else 3)
+    print("Machine:", machine())
     print(
         f"Attention, B*H = {BH}, D = {D}, float32, CPU with {torch.get_num_threads()} threads; "
         f"each configuration in a fresh process, {rounds} rounds interleaved across methods "

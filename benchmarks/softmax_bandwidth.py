@@ -18,23 +18,12 @@ against ``torch.softmax`` and a device copy on the GPU.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import softmaxbook as sb
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from _timing import cuda_seconds, machine, median_seconds
 
 
 def numpy_naive(x):
@@ -68,7 +57,8 @@ def cpu_report(rows: int, cols: int, repeats: int) -> None:
     )
     with torch.inference_mode():
         results = {
-            name: nbytes / _median_time(fn, repeats) / 1e9 for name, fn in cases.items()
+            name: nbytes / median_seconds(fn, repeats) / 1e9
+            for name, fn in cases.items()
         }
     ceiling = results["copy into a preallocated buffer (torch)"]
     print(f"{'implementation':<42} {'GB/s':>7} {'of copy':>8}")
@@ -83,20 +73,6 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
     y = torch.empty_like(x)
     nbytes = 2 * x.numel() * x.element_size()
 
-    def cuda_time(fn):
-        fn()
-        start, end = (
-            torch.cuda.Event(enable_timing=True),
-            torch.cuda.Event(enable_timing=True),
-        )
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeats
-
     cases = {
         "copy into a preallocated buffer": lambda: y.copy_(x),
         "torch.softmax": lambda: torch.softmax(x, dim=-1),
@@ -106,7 +82,9 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
     print(f"\nGPU; x is {rows} x {cols} float32; CUDA events, {repeats} calls")
     print("dispatch:", sb.explain_dispatch("softmax", x))
     with torch.inference_mode():
-        results = {name: nbytes / cuda_time(fn) / 1e9 for name, fn in cases.items()}
+        results = {
+            name: nbytes / cuda_seconds(fn, repeats) / 1e9 for name, fn in cases.items()
+        }
     ceiling = results["copy into a preallocated buffer"]
     print(f"{'implementation':<42} {'GB/s':>8} {'of copy':>8}")
     for name, gbs in results.items():
@@ -124,6 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = args.rows or (1024 if args.quick else 4096)
     repeats = args.repeats or (3 if args.quick else 9)
+    print("Machine:", machine())
     cpu_report(rows, args.cols, repeats)
     if torch.cuda.is_available() and sb.triton_available():
         gpu_report(rows, args.cols, max(repeats, 20))

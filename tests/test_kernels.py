@@ -81,11 +81,38 @@ def test_triton_softmax_extreme_inputs():
     assert kernels.triton_softmax(_randn(0, 5)).shape == (0, 5)
 
 
-def test_fused_softmax_dispatch_matches_explain_dispatch():
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_fused_softmax_takes_the_path_explain_dispatch_reports(path, monkeypatch):
+    # Force the decision, and watch whether the kernel runs.
+    from softmaxbook.kernels import _triton
+
+    launched = []
+
+    def kernel(x, dim):
+        launched.append(dim)
+        return original(x, dim)
+
+    original = _triton.softmax
+    monkeypatch.setattr(_triton, "softmax", kernel)
+    decision = sb.DispatchDecision("softmax", path, "forced by the test")
+    monkeypatch.setattr(kernels, "explain_dispatch", lambda op, *tensors: decision)
     x = _randn(3, 10)
-    decision = sb.explain_dispatch("softmax", x)
-    assert decision.path == ("triton" if DEVICE.type == "cuda" else "torch")
-    torch.testing.assert_close(kernels.fused_softmax(x, dim=0), torch.softmax(x, 0))
+    out = kernels.fused_softmax(x, dim=0)
+    assert launched == ([0] if path == "triton" else [])
+    torch.testing.assert_close(out, torch.softmax(x, 0))
+
+
+def test_fused_softmax_asks_about_the_normalized_dimension(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        kernels,
+        "explain_dispatch",
+        lambda op, x: (
+            seen.append((op, tuple(x.shape))) or dispatch.explain_dispatch(op, x)
+        ),
+    )
+    kernels.fused_softmax(_randn(3, 10), dim=0)
+    assert seen == [("softmax", (10, 3))]  # rows of 3 entries: dim moved last
 
 
 def test_triton_softmax_bad_input():
@@ -238,32 +265,6 @@ def test_native_kernels_on_gpu_match_torch():
         atol=2e-3,
         rtol=2e-3,
     )
-
-
-@gpu
-@needs_cuda
-def test_fused_softmax_bandwidth_on_gpu():
-    # One read and one write: the kernel should move data at least half as fast as a copy.
-    x = torch.randn(4096, 4096, device="cuda")
-    y = torch.empty_like(x)
-    copy_ms = _cuda_ms(lambda: y.copy_(x))
-    softmax_ms = _cuda_ms(lambda: kernels.triton_softmax(x))
-    assert softmax_ms <= 2 * copy_ms, (softmax_ms, copy_ms)
-
-
-def _cuda_ms(fn, repeats=20):
-    fn()
-    start, end = (
-        torch.cuda.Event(enable_timing=True),
-        torch.cuda.Event(enable_timing=True),
-    )
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 # ---------------------------------------------------------------- the fixed defects
