@@ -1,4 +1,5 @@
-"""Time and peak memory of attention against sequence length: naive, torch SDPA, flash_attention.
+"""Time and peak memory of attention against sequence length: naive, torch SDPA,
+flash_attention.
 
 Each configuration runs in a fresh Python process, so that one run's memory
 cannot hide another's. Peak memory is the process's resident-set high-water
@@ -7,8 +8,8 @@ to ``/proc/self/clear_refs``, minus the resident set just before the call: the
 extra memory the call needed, including its output. A warm-up call on a tiny
 problem first pays the one-time costs (imports, thread pools, BLAS buffers).
 
-    python benchmarks/attention.py            # N = 512 ... 8192, B*H = 8, D = 64, float32
-    python benchmarks/attention.py --quick    # a short run
+    python benchmarks/attention.py          # N = 512 ... 8192, B*H = 8, D = 64
+    python benchmarks/attention.py --quick  # a short run
 
 Prints a table, checks the targets at N = 4096 (flash_attention's peak extra
 memory at most 5 % of naive attention's, its time at most 1.5x torch's SDPA)
@@ -63,16 +64,18 @@ def _attention_fn(method: str, device: str = "cpu"):
 
 
 def worker(method: str, n: int, repeats: int) -> dict:
-    """Run one configuration in this (fresh) process; return its median time and peak memory."""
+    """Run one configuration in this (fresh) process; return its median time and peak
+    memory."""
     import torch
 
     fn = _attention_fn(method)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, BH, n, D, generator=g) for _ in range(3))
     with torch.inference_mode():
-        # One-time costs (imports, thread pools, BLAS workspaces) are paid on a tiny problem,
-        # so that the memory measured next is what this size needs; it is measured on the
-        # first call of this size, so nothing freed by an earlier call of it can be reused.
+        # One-time costs (imports, thread pools, BLAS workspaces) are paid on a tiny
+        # problem, so that the memory measured next is what this size needs; it is
+        # measured on the first call of this size, so nothing freed by an earlier call
+        # of it can be reused.
         fn(*(torch.randn(1, BH, 128, D, generator=g) for _ in range(3)))
         clear_refs = Path("/proc/self/clear_refs")
         before = _status_kib("VmRSS")
@@ -161,9 +164,10 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     print("Machine:", machine())
     print(
-        f"Attention, B*H = {BH}, D = {D}, float32, CPU with {torch.get_num_threads()} threads; "
-        f"each configuration in a fresh process, {rounds} rounds interleaved across methods "
-        "(medians over rounds: the machine is noisy)"
+        f"Attention, B*H = {BH}, D = {D}, float32, CPU with "
+        f"{torch.get_num_threads()} threads; each configuration in a fresh process, "
+        f"{rounds} rounds interleaved across methods (medians over rounds: the "
+        "machine is noisy)"
     )
     print(f"{'N':>6} {'method':>6} {'median s':>9} {'peak extra MiB':>15}")
     rows = []
@@ -185,10 +189,8 @@ def main() -> None:
                 ),
             }
             rows.append(row)
-            print(
-                f"{n:>6} {method:>6} {row['time_s']:>9.4f} {row['peak_extra_mib']:>15.1f}",
-                flush=True,
-            )
+            seconds, mib = row["time_s"], row["peak_extra_mib"]
+            print(f"{n:>6} {method:>6} {seconds:>9.4f} {mib:>15.1f}", flush=True)
 
     by = {(r["method"], r["n"]): r for r in rows}
     n_check = 4096 if 4096 in sizes else max(sizes)
@@ -197,9 +199,10 @@ def main() -> None:
     )
     speed = by["flash", n_check]["time_s"] / by["sdpa", n_check]["time_s"]
     print(
-        f"\nAt N = {n_check}: flash_attention's peak extra memory is {100 * mem:.1f} % of naive "
-        f"attention's (target <= 5 %: {'met' if mem <= 0.05 else 'NOT met'}), and its time "
-        f"{speed:.2f}x torch's SDPA (target <= 1.5x: {'met' if speed <= 1.5 else 'NOT met'})."
+        f"\nAt N = {n_check}: flash_attention's peak extra memory is "
+        f"{100 * mem:.1f} % of naive attention's (target <= 5 %: "
+        f"{'met' if mem <= 0.05 else 'NOT met'}), and its time {speed:.2f}x torch's "
+        f"SDPA (target <= 1.5x: {'met' if speed <= 1.5 else 'NOT met'})."
     )
 
     RESULTS.mkdir(exist_ok=True)
@@ -211,7 +214,8 @@ def main() -> None:
         gpu_report(sizes)
     else:
         print(
-            "No CUDA GPU here: the Triton kernels were not timed (they run natively only on a GPU)."
+            "No CUDA GPU here: the Triton kernels were not timed "
+            "(they run natively only on a GPU)."
         )
 
 

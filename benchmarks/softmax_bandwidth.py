@@ -53,7 +53,8 @@ def cpu_report(rows: int, cols: int, repeats: int) -> None:
     }
     print(
         f"CPU, {torch.get_num_threads()} threads; x is {rows} x {cols} float32 "
-        f"({x.numel() * 4 / 2**20:.0f} MiB); useful traffic 2 x that; median of {repeats}"
+        f"({x.numel() * 4 / 2**20:.0f} MiB); useful traffic 2 x that; "
+        f"median of {repeats}"
     )
     with torch.inference_mode():
         results = {
@@ -108,7 +109,8 @@ def main() -> None:
         gpu_report(rows, args.cols, max(repeats, 20))
     else:
         print(
-            "No CUDA GPU here: the fused Triton softmax was not timed (it runs natively only on a GPU)."
+            "No CUDA GPU here: the fused Triton softmax was not timed "
+            "(it runs natively only on a GPU)."
         )
 
 

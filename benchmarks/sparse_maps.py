@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -30,7 +31,7 @@ import softmaxbook as sb
 try:
     import entmax
 except ImportError:  # pragma: no cover - the peer is a test/bench dependency
-    raise SystemExit("the entmax package is needed: pip install entmax")
+    raise SystemExit("the entmax package is needed: pip install entmax") from None
 
 
 def _forward(f):
@@ -85,16 +86,15 @@ def main() -> None:
     print(
         f"x: ({args.rows}, {args.cols}) float32 CPU, N(0, {args.scale}^2) scores; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"entmax {getattr(entmax, '__version__', '?')}; median of {args.reps} interleaved reps"
+        f"entmax {getattr(entmax, '__version__', '?')}; "
+        f"median of {args.reps} interleaved reps"
     )
     print(
         f"{'map':<10} {'pass':<17} {'ours ms':>9} {'entmax ms':>10} {'ours/entmax':>12}"
     )
     for name in ("sparsemax", "entmax15"):
-        ours_f, theirs_f = (
-            getattr(sb, name),
-            lambda t, f=getattr(entmax, name): f(t, dim=-1),
-        )
+        theirs = getattr(entmax, name)
+        ours_f, theirs_f = getattr(sb, name), partial(theirs, dim=-1)
         torch.testing.assert_close(ours_f(x), theirs_f(x), atol=1e-6, rtol=0)
         for label, wrap in (
             ("forward", _forward),

@@ -1,4 +1,5 @@
-"""softmaxbook.alternatives: sparsemax, entmax, softmax_one, ReLU and sigmoid normalizers.
+"""softmaxbook.alternatives: sparsemax, entmax, softmax_one, ReLU and sigmoid
+normalizers.
 
 Agreement with the entmax package (deep-spin/entmax) and with the NumPy reference,
 float64 gradcheck of the hand-written backward passes, properties, extremes, errors.
@@ -95,7 +96,7 @@ def test_sparsemax_agrees_with_reference(dim):
 @pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
 def test_partial_sort_fallback_is_exact(name, monkeypatch):
     # A margin far above the threshold leaves too few candidates: every row must be
-    # detected as unresolved and redone with the full sort, still giving the exact result.
+    # detected as unresolved and redone with the full sort: the exact result still.
     x = scores((16, 200), scale=0.3)
     expected = getattr(entmax, name)(x, dim=-1)
     monkeypatch.setattr(alt, "_MARGIN", -0.2)
@@ -118,8 +119,8 @@ def test_softmax_one_is_softmax_with_an_extra_zero_logit():
     x = scores((5, 7), scale=4.0)
     padded = torch.cat([x, torch.zeros(5, 1, dtype=x.dtype)], dim=-1)
     torch.testing.assert_close(sb.softmax_one(x), torch.softmax(padded, -1)[:, :-1])
-    p, g = vjp(sb.softmax_one, x)
-    q, h = vjp(
+    _p, g = vjp(sb.softmax_one, x)
+    _q, h = vjp(
         lambda t: torch.softmax(
             torch.cat([t, torch.zeros(5, 1, dtype=t.dtype)], -1), -1
         )[:, :-1],
@@ -211,7 +212,7 @@ def test_ties_get_equal_weight(values, copies):
     for name, f in ALL_MAPS.items():
         p = f(x)
         tied = p[x == values[0]]
-        # Equal up to the last bits: torch's vectorized and scalar exp/pow may differ there.
+        # Equal up to the last bits, where vectorized and scalar exp/pow may differ.
         torch.testing.assert_close(
             tied, tied[:1].expand_as(tied), atol=1e-15, rtol=1e-12, msg=name
         )
@@ -428,7 +429,7 @@ def test_bad_input(name):
     f = ALL_MAPS[name]
     with pytest.raises(TypeError, match="floating-point"):
         f(torch.arange(4))
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"torch.Tensor"):
         f(np.zeros(4))
     with pytest.raises(IndexError, match="out of range"):
         f(torch.zeros(2, 3), dim=2)

@@ -1,4 +1,5 @@
-"""softmaxbook.analysis: entropy and the per-map attention diagnostics, on hand-computed cases."""
+"""softmaxbook.analysis: entropy and the per-map attention diagnostics, on hand-computed
+cases."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 import softmaxbook as sb
 from softmaxbook import reference
 
-# --- entropy -----------------------------------------------------------------------------
+# --- entropy --------------------------------------------------------------------------
 
 
 def test_entropy_uniform_and_one_hot():
@@ -35,7 +36,7 @@ def test_entropy_matches_numpy_formula():
 
 
 def test_entropy_zero_entries_contribute_nothing_exactly():
-    # The seed document's +1e-12 gives a biased, nonzero answer for a one-hot row in float64.
+    # A "+ 1e-12" inside the log gives a biased, nonzero answer for a one-hot row.
     p = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
     assert sb.entropy(p).item() == pytest.approx(math.log(2), abs=1e-15)
     fudge = -(p * torch.log(p + 1e-12)).sum()
@@ -84,7 +85,7 @@ def test_entropy_between_zero_and_log_n(scores):
     assert -1e-12 <= h <= math.log(len(scores)) + 1e-12
 
 
-# --- attention_entropy ----------------------------------------------------------------------
+# --- attention_entropy ----------------------------------------------------------------
 
 
 def test_attention_entropy_hand_case_skips_zero_rows():
@@ -119,7 +120,7 @@ def test_attention_entropy_causal_uniform():
     assert sb.attention_entropy(w).item() == pytest.approx(expected, abs=1e-14)
 
 
-# --- attention_distance ---------------------------------------------------------------------
+# --- attention_distance ---------------------------------------------------------------
 
 
 def test_attention_distance_identity_and_previous_token():
@@ -132,7 +133,8 @@ def test_attention_distance_identity_and_previous_token():
 
 
 def test_attention_distance_matches_square_formula():
-    # The seed document's formula, correct for square maps with full rows.
+    # The common square formula, |positions[:, None] - positions[None, :]|: right for
+    # square maps with full rows.
     w = torch.softmax(torch.randn(3, 7, 7, dtype=torch.float64), -1)
     pos = torch.arange(7, dtype=torch.float64)
     expected = (w * (pos[:, None] - pos[None, :]).abs()).sum(-1).mean(-1)
@@ -163,7 +165,7 @@ def test_attention_distance_skips_zero_rows():
     assert sb.attention_distance(torch.zeros(3, 3)).item() == 0.0
 
 
-# --- attention_sparsity ---------------------------------------------------------------------
+# --- attention_sparsity ---------------------------------------------------------------
 
 
 def test_attention_sparsity_hand_case():
@@ -206,7 +208,7 @@ def test_diagnostics_in_range(L, S, seed):
     assert 0 <= s <= 1
 
 
-# --- errors -------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -219,7 +221,7 @@ def test_map_functions_reject_bad_weights(fn):
         fn(torch.ones(3))
     with pytest.raises(ValueError, match="non-negative"):
         fn(torch.tensor([[0.5, -0.5]]))
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"torch.Tensor"):
         fn([[1.0]])
 
 

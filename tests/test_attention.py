@@ -1,4 +1,5 @@
-"""Tests for softmaxbook.attention: scaled_dot_product_attention against torch and NumPy."""
+"""Tests for softmaxbook.attention: scaled_dot_product_attention against torch and
+NumPy."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _numpy_attention(q, k, v, mask=None, scale=None):
     return weights @ v, weights
 
 
-# --- agreement with torch ----------------------------------------------------------------
+# --- agreement with torch -------------------------------------------------------------
 
 SHAPES = [  # (batch, L, S, D, Dv)
     ((), 4, 4, 8, 8),
@@ -139,7 +140,7 @@ def test_fully_masked_rows_agree_with_torch():
         torch.testing.assert_close(a.grad, b.grad)
 
 
-# --- agreement with the NumPy reference --------------------------------------------------
+# --- agreement with the NumPy reference -----------------------------------------------
 
 
 @pytest.mark.parametrize("L, S", [(4, 4), (3, 6), (6, 3)])
@@ -170,7 +171,7 @@ def test_return_weights():
     torch.testing.assert_close(sums[mask.any(-1)], torch.ones_like(sums[mask.any(-1)]))
 
 
-# --- properties --------------------------------------------------------------------------
+# --- properties -----------------------------------------------------------------------
 
 
 @settings(max_examples=50, deadline=None)
@@ -203,7 +204,7 @@ def test_attention_properties(seed, L, S, D, p_keep):
     assert torch.equal(out2, out)
 
 
-# --- normalizers -------------------------------------------------------------------------
+# --- normalizers ----------------------------------------------------------------------
 
 
 def test_normalizer_by_name_and_callable_agree():
@@ -258,13 +259,13 @@ def test_generic_normalizer_gradcheck_with_empty_row():
 
 def test_generic_normalizer_without_mask():
     q, k, v = _qkv(18, (4, 3), (6, 3), (6, 2))
-    out, w = sb.scaled_dot_product_attention(
+    _out, w = sb.scaled_dot_product_attention(
         q, k, v, normalizer=_relu_normalize, return_weights=True
     )
     torch.testing.assert_close(w, _relu_normalize(q @ k.T / math.sqrt(3)))
 
 
-# --- gradients ---------------------------------------------------------------------------
+# --- gradients ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -283,7 +284,7 @@ def test_gradcheck_with_fully_masked_row(is_causal):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
-# --- dtypes and extreme inputs -----------------------------------------------------------
+# --- dtypes and extreme inputs --------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
@@ -338,7 +339,7 @@ def test_empty_and_size_one_dims():
     assert sb.scaled_dot_product_attention(q, k, v).shape == (0, 3, 5)
 
 
-# --- errors ------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------
 
 
 def test_errors():
@@ -346,7 +347,7 @@ def test_errors():
     attn = sb.scaled_dot_product_attention
     with pytest.raises(TypeError, match="q must be a floating-point tensor"):
         attn(q.long(), k, v)
-    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"v must be a torch.Tensor"):
         attn(q, k, v.numpy())
     with pytest.raises(TypeError, match="share a dtype"):
         attn(q, k.float(), v)
@@ -356,7 +357,7 @@ def test_errors():
         attn(q, k[..., :3], v)
     with pytest.raises(ValueError, match="same length S"):
         attn(q, k, v[:, :4])
-    with pytest.raises(ValueError, match="batch dimensions .* do not broadcast"):
+    with pytest.raises(ValueError, match=r"batch dimensions .* do not broadcast"):
         attn(q, torch.cat([k, k, k]), torch.cat([v, v, v]))
     with pytest.raises(ValueError, match="not both"):
         attn(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool), is_causal=True)

@@ -1,4 +1,5 @@
-"""The website builds with warnings as errors, and every chapter in the table of contents exists."""
+"""The website builds with warnings as errors, and every chapter in the table of
+contents exists."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ FLOAT_REPR = re.compile(r"-?(\d+\.\d*(e[-+]?\d+)?|\d+e[-+]?\d+)", re.IGNORECASE)
 
 
 def _significant_digits(float_repr: str) -> int:
-    """Significant digits of a float's repr: ``316.2`` has 4, ``65504.0`` 5, ``2.5e-07`` 2."""
+    """Significant digits of a float's repr: ``316.2`` has 4, ``65504.0`` 5, ``2.5e-07``
+    2."""
     mantissa = re.split(r"[eE]", float_repr.lstrip("-"))[0]
     return len(mantissa.replace(".", "").strip("0"))
 
@@ -72,7 +74,8 @@ def _significant_digits(float_repr: str) -> int:
     "notebook", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name
 )
 def test_glued_floats_are_rounded(notebook):
-    """A glued float carries at most 6 significant digits, never a full repr (sb.glue's rule)."""
+    """A glued float carries at most 6 significant digits, never a full repr (sb.glue's
+    rule)."""
     nb = json.loads(notebook.read_text())
     too_long = []
     for cell in nb["cells"]:

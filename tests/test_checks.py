@@ -1,4 +1,5 @@
-"""Tests of softmaxbook._checks: the argument checks and the empty-row guard every module shares."""
+"""Tests of softmaxbook._checks: the argument checks and the empty-row guard every
+module shares."""
 
 from __future__ import annotations
 

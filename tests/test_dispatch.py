@@ -24,14 +24,14 @@ def test_cpu_tensors_take_the_torch_path():
 
 
 def _facts(**overrides):
-    facts = dict(
-        device_types={"cuda"},
-        dtypes={torch.float16},
-        needs_grad=False,
-        width=64,
-        have_triton=True,
-        interpreter=False,
-    )
+    facts = {
+        "device_types": {"cuda"},
+        "dtypes": {torch.float16},
+        "needs_grad": False,
+        "width": 64,
+        "have_triton": True,
+        "interpreter": False,
+    }
     facts.update(overrides)
     return facts
 
@@ -44,11 +44,11 @@ def test_decision_rule_takes_triton_on_cuda(op):
 @pytest.mark.parametrize(
     "overrides,reason",
     [
-        (dict(device_types={"cuda", "cpu"}), "CUDA devices only"),
-        (dict(have_triton=False), "Triton is not installed"),
-        (dict(dtypes={torch.float64}), "not torch.float64"),
-        (dict(dtypes={torch.float16, torch.float32}), "different dtypes"),
-        (dict(needs_grad=True), "forward pass only"),
+        ({"device_types": {"cuda", "cpu"}}, "CUDA devices only"),
+        ({"have_triton": False}, "Triton is not installed"),
+        ({"dtypes": {torch.float64}}, "not torch.float64"),
+        ({"dtypes": {torch.float16, torch.float32}}, "different dtypes"),
+        ({"needs_grad": True}, "forward pass only"),
     ],
 )
 def test_decision_rule_falls_back_with_a_reason(overrides, reason):
@@ -81,7 +81,7 @@ def test_explain_dispatch_bad_input():
         sb.explain_dispatch("matmul", torch.ones(2))
     with pytest.raises(ValueError, match="needs the tensors"):
         sb.explain_dispatch("softmax")
-    with pytest.raises(TypeError, match="argument 1 must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"argument 1 must be a torch.Tensor"):
         sb.explain_dispatch("softmax", [1.0, 2.0])
 
 

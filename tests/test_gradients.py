@@ -1,4 +1,5 @@
-"""Tests of softmaxbook.gradients: the Jacobian, the VJP and the custom autograd Function."""
+"""Tests of softmaxbook.gradients: the Jacobian, the VJP and the custom autograd
+Function."""
 
 from __future__ import annotations
 
@@ -317,7 +318,7 @@ def test_custom_size_one_and_empty():
 
 # ---------------------------------------------------------------- bad input
 def test_errors():
-    with pytest.raises(TypeError, match="s must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"s must be a torch.Tensor"):
         sb.softmax_jacobian([0.5, 0.5])
     with pytest.raises(TypeError, match="s must be a floating-point tensor"):
         sb.softmax_jacobian(torch.tensor([1, 0]))
@@ -325,7 +326,7 @@ def test_errors():
         sb.softmax_jacobian(torch.rand(2, 3), dim=2)
     with pytest.raises(ValueError, match="at least one dimension"):
         sb.softmax_jacobian(torch.tensor(1.0))
-    with pytest.raises(TypeError, match="grad_output must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"grad_output must be a torch.Tensor"):
         sb.softmax_backward(torch.rand(3), [1.0, 2.0, 3.0])
     with pytest.raises(TypeError, match="grad_output must be a floating-point tensor"):
         sb.softmax_backward(torch.rand(3), torch.tensor([1, 2, 3]))
@@ -337,7 +338,7 @@ def test_errors():
         sb.softmax_backward(torch.rand(2, 3), torch.rand(2, 3), dim=-3)
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
         sb.softmax_with_custom_backward(torch.tensor([1, 2, 3]))
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
         sb.softmax_with_custom_backward(np.zeros(3))
     with pytest.raises(TypeError, match="dim must be an int"):
         sb.softmax_with_custom_backward(torch.rand(3), dim=1.0)

@@ -1,4 +1,5 @@
-"""Tests of softmaxbook.kernels: the Triton kernels, natively on a GPU or in Triton's interpreter.
+"""Tests of softmaxbook.kernels: the Triton kernels, natively on a GPU or in Triton's
+interpreter.
 
 Without CUDA the kernels run in Triton's CPU interpreter, which Triton picks
 when it is imported; so ``TRITON_INTERPRET=1`` is set here, at collection,
@@ -215,7 +216,7 @@ def test_triton_flash_attention_bad_input():
         kernels.triton_flash_attention(_randn(1, 300), _randn(1, 300), _randn(1, 300))
 
 
-# ---------------------------------------------------------------- the interpreter switch
+# --------------------------------------------------------------- the interpreter switch
 
 
 def test_kernel_source_is_the_triton_code():
@@ -277,7 +278,7 @@ def test_bfloat16_attention_is_refused_in_the_interpreter():
     # The interpreter's tl.dot multiplies the raw bit patterns of bfloat16: an output
     # error of ~1e9, silently. It must be an error instead.
     q, k, v = _qkv(5, 6, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="bfloat16.*interpreter"):
+    with pytest.raises(TypeError, match=r"bfloat16.*interpreter"):
         kernels.triton_flash_attention(q, k, v)
     # float16 and float32 stay supported there.
     out = kernels.triton_flash_attention(*(t.half() for t in (q, k, v)))

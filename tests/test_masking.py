@@ -25,7 +25,7 @@ def _reference_masked(scores, mask, axis=-1):
     return reference.softmax(x, axis=axis)
 
 
-# --- causal_mask -------------------------------------------------------------------------
+# --- causal_mask ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("L, S", [(1, 1), (4, 4), (3, 5), (5, 3), (1, 7), (7, 1)])
@@ -69,7 +69,7 @@ def test_causal_mask_errors(bad, exc, match):
         sb.causal_mask(3, bad)
 
 
-# --- padding_mask ------------------------------------------------------------------------
+# --- padding_mask ---------------------------------------------------------------------
 
 
 def test_padding_mask_values():
@@ -119,7 +119,7 @@ def test_padding_mask_errors(lengths, max_len, exc, match):
         sb.padding_mask(lengths, max_len)
 
 
-# --- masked_softmax: agreement -----------------------------------------------------------
+# --- masked_softmax: agreement --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ def test_masked_softmax_broadcasts_masks(mask_shape):
     )
 
 
-# --- masked_softmax: properties ----------------------------------------------------------
+# --- masked_softmax: properties -------------------------------------------------------
 
 
 @settings(max_examples=50, deadline=None)
@@ -222,7 +222,7 @@ def test_masked_softmax_shift_invariant(seed, n, shift):
     )
 
 
-# --- masked_softmax: gradients -----------------------------------------------------------
+# --- masked_softmax: gradients --------------------------------------------------------
 
 
 def test_masked_softmax_gradcheck_with_fully_masked_row():
@@ -280,7 +280,7 @@ def test_loss_on_valid_rows_only_has_finite_gradients():
     assert torch.isnan(scores.grad[2]).all() and torch.isfinite(scores.grad[:2]).all()
 
 
-# --- masked_softmax: dtypes and extreme inputs -------------------------------------------
+# --- masked_softmax: dtypes and extreme inputs ----------------------------------------
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
@@ -338,7 +338,7 @@ def test_masked_softmax_empty_and_size_one_dims():
     )
 
 
-# --- masked_softmax: errors --------------------------------------------------------------
+# --- masked_softmax: errors -----------------------------------------------------------
 
 
 def test_masked_softmax_errors():
@@ -347,7 +347,7 @@ def test_masked_softmax_errors():
         sb.masked_softmax(scores, torch.ones(4, dtype=torch.long))
     with pytest.raises(TypeError, match=r"additive == 0"):
         sb.masked_softmax(scores, torch.zeros(4))
-    with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"mask must be a torch.Tensor"):
         sb.masked_softmax(scores, [True, False, True, True])
     with pytest.raises(ValueError, match=r"mask of shape \(3,\) does not broadcast"):
         sb.masked_softmax(scores, torch.ones(3, dtype=torch.bool))
@@ -361,7 +361,7 @@ def test_masked_softmax_errors():
         sb.masked_softmax(scores, None, dim=1.0)
 
 
-# --- additive_mask and mask_fill_value ---------------------------------------------------
+# --- additive_mask and mask_fill_value ------------------------------------------------
 
 
 def test_additive_mask_values_and_use():
@@ -406,5 +406,5 @@ def test_minus_1e9_is_not_representable_in_float16():
 
 @pytest.mark.parametrize("bad", [torch.int64, torch.bool, "float32", np.float32])
 def test_mask_fill_value_errors(bad):
-    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype"):
         sb.mask_fill_value(bad)

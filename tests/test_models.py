@@ -1,4 +1,5 @@
-"""softmaxbook.models: the recall task, the tiny transformer, and a short training run that learns."""
+"""softmaxbook.models: the recall task, the tiny transformer, and a short training run
+that learns."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _model(**kw) -> sb.TinyTransformer:
     return sb.TinyTransformer(8, 9, **kw)
 
 
-# --- the task -------------------------------------------------------------------------------
+# --- the task -------------------------------------------------------------------------
 
 
 def test_recall_shapes_ranges_and_answer():
@@ -56,7 +57,7 @@ def test_recall_errors():
         sb.make_associative_recall(10, n_pairs=2.0)
 
 
-# --- the model ------------------------------------------------------------------------------
+# --- the model ------------------------------------------------------------------------
 
 
 def test_model_shapes():
@@ -156,11 +157,12 @@ def test_model_errors():
         model(torch.zeros(2, 10, dtype=torch.long))
 
 
-# --- training and evaluation ------------------------------------------------------------------
+# --- training and evaluation ----------------------------------------------------------
 
 
 class _Oracle(torch.nn.Module):
-    """Puts a logit of 10 on the target: the answer at the last position is always right."""
+    """Puts a logit of 10 on the target: the answer at the last position is always
+    right."""
 
     def __init__(self, targets):
         super().__init__()

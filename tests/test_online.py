@@ -1,4 +1,5 @@
-"""Tests of softmaxbook.online: online_softmax, flash_attention and merge_attention_states."""
+"""Tests of softmaxbook.online: online_softmax, flash_attention and
+merge_attention_states."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def test_online_softmax_dim_and_fully_masked_rows():
 
 
 def _errors(q, k, v, out, **kw):
-    """FlashAttention's rule: (error of ours, error of torch's float32 SDPA), both vs float64."""
+    """FlashAttention's rule: (error of ours, error of torch's float32 SDPA), both vs
+    float64."""
     exact = _sdpa64(q, k, v, **kw)
     baseline = F.scaled_dot_product_attention(q, k, v, **kw)
     return (out.double() - exact).abs().max().item(), (
@@ -207,7 +209,7 @@ def test_flash_attention_half_precision(dtype):
     assert out.dtype == dtype
     exact = _sdpa64(q.to(dtype), k.to(dtype), v.to(dtype))
     baseline = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype))
-    # accumulating in float32, ours is at least as close as torch's half-precision kernel
+    # accumulating in float32: at least as close as torch's half-precision kernel
     assert (out.double() - exact).abs().max() <= 2 * (
         baseline.double() - exact
     ).abs().max()
@@ -304,7 +306,8 @@ def test_flash_attention_bad_input():
         sb.flash_attention(q, k, v, is_causal=1)
 
 
-# ---------------------------------------------------------------- merge_attention_states
+# ----------------------------------------------------------------
+# merge_attention_states
 
 
 @pytest.mark.parametrize("split", [1, 5, 8])
@@ -321,7 +324,7 @@ def test_merge_of_two_key_halves_is_attention_over_all_keys(split):
     torch.testing.assert_close(out, full)
     torch.testing.assert_close(lse, lse_full)
     # symmetric
-    out2, lse2 = sb.merge_attention_states(out_b, lse_b, out_a, lse_a)
+    out2, _lse2 = sb.merge_attention_states(out_b, lse_b, out_a, lse_a)
     torch.testing.assert_close(out2, out)
 
 

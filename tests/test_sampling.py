@@ -1,4 +1,5 @@
-"""Tests for softmaxbook.sampling: top-k/top-p filters, sampling, ECE and temperature scaling."""
+"""Tests for softmaxbook.sampling: top-k/top-p filters, sampling, ECE and temperature
+scaling."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ NEG_INF = float("-inf")
 
 
 def distinct_logits(min_size=1, max_size=30):
-    """Rows of logits at least 0.01 apart (no ties, even after exp, so the kept sets are unique)."""
+    """Rows of logits at least 0.01 apart (no ties, even after exp, so the kept sets are
+    unique)."""
     return arrays(
         np.int64,
         st.integers(min_size, max_size),
@@ -250,7 +252,7 @@ def test_sample_frequencies_match_the_filtered_softmax():
         weights = torch.zeros(6, dtype=torch.float64)
         weights[kept] = torch.exp(z[kept])
         expected = weights / weights.sum()
-        # 4.5 standard errors of a binomial proportion, per token; filtered tokens never drawn
+        # 4.5 standard errors of a binomial proportion per token; filtered: never drawn
         se = torch.sqrt(expected * (1 - expected) / n)
         assert torch.all((freq - expected).abs() <= 4.5 * se + 1e-12), kwargs
         assert torch.all(freq[expected == 0] == 0)
@@ -302,7 +304,7 @@ def test_sample_shapes_dtypes_and_masked_tokens():
 
 def test_sample_errors():
     x = torch.randn(3, 5)
-    with pytest.raises(ValueError, match="temperature must be > 0.*argmax"):
+    with pytest.raises(ValueError, match=r"temperature must be > 0.*argmax"):
         sb.sample(x, temperature=0.0)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         sb.sample(x, temperature=-1.0)
@@ -343,13 +345,14 @@ def test_filter_errors():
         sb.top_p_filter(x, "0.9")
     with pytest.raises(TypeError, match="logits must be a floating-point tensor"):
         sb.top_k_filter(torch.arange(5), 2)
-    with pytest.raises(TypeError, match="logits must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"logits must be a torch.Tensor"):
         sb.top_p_filter([1.0, 2.0], 0.5)
     with pytest.raises(ValueError, match="at least one dimension"):
         sb.top_k_filter(torch.tensor(1.0), 1)
 
 
-# --------------------------------------------------------------------------- calibration
+# ---------------------------------------------------------------------------
+# calibration
 
 
 def numpy_ece(probs, labels, n_bins):
@@ -368,10 +371,10 @@ def numpy_ece(probs, labels, n_bins):
 
 
 def test_ece_hand_computed_case():
-    # 4 predictions, 2 bins [0, .5], (.5, 1]:
-    # bin 1 holds confidences .9 (right) and .7 (wrong): acc .5, conf .8, gap .3, weight 1/2
-    # bin 0 holds .4 (right) and .5 (wrong; .5 goes to the lower, right-closed bin): acc .5,
-    # conf .45, gap .05, weight 1/2  ->  ECE = .15 + .025 = .175
+    # 4 predictions, 2 bins [0, .5], (.5, 1]: bin 1 holds confidences .9 (right) and .7
+    # (wrong): acc .5, conf .8, gap .3, weight 1/2 bin 0 holds .4 (right) and .5 (wrong;
+    # .5 goes to the lower, right-closed bin): acc .5, conf .45, gap .05, weight 1/2  ->
+    # ECE = .15 + .025 = .175
     probs = torch.tensor(
         [[0.9, 0.1, 0.0], [0.7, 0.2, 0.1], [0.4, 0.3, 0.3], [0.5, 0.25, 0.25]]
     )
@@ -464,7 +467,8 @@ def test_calibration_errors():
         )
 
 
-# --------------------------------------------------------------------------- fit_temperature
+# ---------------------------------------------------------------------------
+# fit_temperature
 
 
 @pytest.mark.parametrize("c", [0.4, 1.0, 2.5])
@@ -482,7 +486,7 @@ def test_fit_temperature_recovers_a_known_temperature(c):
 def test_fit_temperature_is_the_nll_minimizer_and_deterministic():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(500, 4, generator=g, dtype=torch.float64) * 4
-    # labels from a flatter model than the logits claim: the optimum is inside the bounds
+    # labels from a flatter model than the logits claim: the optimum is in the bounds
     labels = torch.multinomial(torch.softmax(logits / 2, -1), 1, generator=g).squeeze(1)
     T = sb.fit_temperature(logits, labels)
     assert T == sb.fit_temperature(logits, labels)
@@ -500,7 +504,7 @@ def test_fit_temperature_is_the_nll_minimizer_and_deterministic():
 
 
 def test_fit_temperature_bounds_and_removed_classes():
-    # perfectly separated logits: the NLL keeps falling as T -> 0, so the lower bound is hit
+    # perfectly separated logits: the NLL keeps falling as T -> 0, to the lower bound
     logits = torch.tensor([[5.0, 0.0], [0.0, 5.0]])
     labels = torch.tensor([0, 1])
     assert sb.fit_temperature(logits, labels) == 0.01

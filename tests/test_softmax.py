@@ -1,4 +1,5 @@
-"""softmaxbook.softmax, log_softmax, logsumexp: agreement, properties, extremes, errors."""
+"""softmaxbook.softmax, log_softmax, logsumexp: agreement, properties, extremes,
+errors."""
 
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ def test_gradients():
 
 
 def test_errors():
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
         sb.softmax([1.0, 2.0])
     with pytest.raises(TypeError, match="floating-point"):
         sb.softmax(torch.tensor([1, 2]))

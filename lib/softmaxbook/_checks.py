@@ -6,11 +6,13 @@ deep inside torch or, worse, as a silent ``nan``. The checks that several
 modules share live here once: a tensor, a dimension, a positive number, a
 boolean mask (True = may attend), the ``q, k, v`` of attention with its
 ``mask`` / ``is_causal`` / ``scale``; and :func:`zero_empty_rows`, the one
-guard that keeps a row with nothing to attend from turning into ``nan``.
+guard that keeps a row with nothing to attend from turning into ``nan``;
+and :func:`check_installed`, the one message for a missing optional package.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from numbers import Real
@@ -206,8 +208,7 @@ def check_attention_args(q, k, v, mask, is_causal, scale):
         scale = check_positive(scale, "scale")
     keep = None
     if mask is not None:
-        # A scalar expanded to the scores' shape stands in for them without
-        # allocating them.
+        # A scalar expanded to the scores' shape stands in for them, unallocated.
         L, S = q.shape[-2], k.shape[-2]
         scores = torch.empty((), device=q.device).expand(batch + (L, S))
         keep = check_mask(mask, scores)
@@ -232,3 +233,43 @@ def zero_empty_rows(
     """
     empty = torch.isneginf(scores).all(dim=dim, keepdim=True)  # (..., 1, ...)
     return normalize(scores.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
+
+
+# --------------------------------------------------------------------------------------
+# Optional packages
+# --------------------------------------------------------------------------------------
+
+#: The optional packages the chapters use, and the extra of softmaxbook that
+#: installs each (``pip install "softmaxbook[book]"``).
+OPTIONAL_PACKAGES = {"entmax": "book", "tqdm": "book", "triton": "book"}
+
+
+def check_installed(packages, needed_by: str) -> None:
+    """Raise ``ImportError`` naming every missing package and the line that installs it.
+
+    ``packages`` are import names (``"entmax"``); they are looked up, not
+    imported, so the check is cheap and has no side effect.
+    """
+    if isinstance(packages, str):
+        packages = (packages,)
+    if not all(isinstance(name, str) and name for name in packages):
+        raise TypeError(
+            f"packages must be names of packages, e.g. ('entmax',), got {packages!r}"
+        )
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    extras = sorted(
+        {OPTIONAL_PACKAGES[name] for name in missing if name in OPTIONAL_PACKAGES}
+    )
+    others = [name for name in missing if name not in OPTIONAL_PACKAGES]
+    commands = [f'pip install "softmaxbook[{",".join(extras)}]"'] if extras else []
+    commands += [f"pip install {' '.join(others)}"] if others else []
+    message = (
+        f"{needed_by} needs {' and '.join(missing)}, which "
+        f"{'is' if len(missing) == 1 else 'are'} not installed; install "
+        f"{'it' if len(missing) == 1 else 'them'} with: {' && '.join(commands)}"
+    )
+    if "triton" in missing:
+        message += " (Triton is built for Linux; elsewhere, read this on the website)"
+    raise ImportError(message, name=missing[0])

@@ -85,22 +85,24 @@ class _RowwiseFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------------------
 # sparsemax and 1.5-entmax: exact thresholds with a partial sort
 # --------------------------------------------------------------------------------------
-# Both maps are p = g(z - t)_+ with z the scores shifted so that each row's maximum is 0,
-# g(r) = r for sparsemax and g(r) = (r/2)^2 for 1.5-entmax, and t the unique threshold
-# with sum_i g((z_i - t)_+) = 1.  (The 1.5-entmax threshold of Peters et al. is t / 2.)
-# The largest entry alone must not exceed 1, so t >= -1 (sparsemax) and t >= -2 (entmax).
+# Both maps are p = g(z - t)_+ with z the scores shifted so that each row's maximum
+# is 0, g(r) = r for sparsemax and g(r) = (r/2)^2 for 1.5-entmax, and t the unique
+# threshold with sum_i g((z_i - t)_+) = 1. (The 1.5-entmax threshold of Peters et al.
+# is t / 2.) The largest entry alone must not exceed 1, so t >= -1 for sparsemax and
+# t >= -2 for entmax.
 
 _T0 = {"sparsemax": -1.0, "entmax15": -2.0}
 # Newton steps before counting candidates: each costs a few passes over the scores and
 # shrinks the candidate set (and with it the partial sort) toward the support.
 _NEWTON_STEPS = {"sparsemax": 1, "entmax15": 2}
 # Candidates are counted slightly below the Newton iterate, which in exact arithmetic is
-# already below the threshold; the margin absorbs rounding (z is O(1) near the threshold).
+# already below the threshold; the margin absorbs rounding (z is O(1) there).
 _MARGIN = 1e-4
 
 
 def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
-    """Exact threshold from the k largest shifted scores ``v`` (R, k), sorted descending.
+    """Exact threshold from the k largest shifted scores ``v`` (R, k), sorted
+    descending.
 
     Returns ``(t, support_size)``, both (R, 1). If the support size equals k, the true
     support may be larger than the candidates and the row must be redone.
@@ -110,13 +112,15 @@ def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
     rho = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)  # (k,)
     csum = v.cumsum(-1)
     if kind == "sparsemax":
-        # Prefix j is in the support iff 1 + j v_j > sum_{i<=j} v_i (Martins & Astudillo).
+        # Prefix j is in the support iff 1 + j v_j > sum_{i<=j} v_i
+        # (Martins & Astudillo, 2016).
         support = valid & (1 + rho * v > csum)
         size = support.sum(-1, keepdim=True).clamp_min(1)
         t = (csum.gather(-1, size - 1) - 1) / size.to(v.dtype)
     else:
         # On a support of size j, sum_i ((v_i - t)/2)^2 = 1 is a quadratic in t whose
-        # relevant root is t/2 = mean - sqrt((1 - j * var) / j), with mean and var of v/2.
+        # relevant root is t/2 = mean - sqrt((1 - j * var) / j), with the mean and
+        # variance of v/2.
         y = v / 2
         mean = y.cumsum(-1) / rho
         mean_sq = (y * y).cumsum(-1) / rho
@@ -129,15 +133,16 @@ def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
 
 
 def _exact_threshold(z: Tensor, kind: str) -> Tensor:
-    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all -inf)."""
+    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all
+    -inf)."""
     n = z.shape[-1]
     t = torch.full((z.shape[0], 1), _T0[kind], dtype=z.dtype, device=z.device)
     r = torch.empty_like(
         z
     )  # one scratch buffer, reused: large allocations cost page faults
     for _ in range(_NEWTON_STEPS[kind]):
-        # Newton on the convex decreasing f(t) = sum g((z - t)_+) - 1 from the left of its
-        # root: each step stays left of the root and moves toward it.
+        # Newton on the convex decreasing f(t) = sum g((z - t)_+) - 1 from the left of
+        # its root: each step stays left of the root and moves toward it.
         torch.sub(z, t, out=r).clamp_min_(0)
         if kind == "sparsemax":
             f = r.sum(-1, keepdim=True) - 1
@@ -170,8 +175,8 @@ def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
     n = shape[-1]
     m = xt.amax(-1, keepdim=True)  # (..., 1)
     finite = torch.isfinite(m)
-    # Shift each row's maximum to 0 (exact near the top: Sterbenz). z is a new buffer that
-    # becomes the output in place.
+    # Shift each row's maximum to 0 (exact near the top: Sterbenz). z is a new buffer
+    # that becomes the output in place.
     z = (xt - torch.where(finite, m, torch.zeros_like(m))).reshape(-1, n)  # (R, n)
     m, finite = m.reshape(-1, 1), finite.reshape(-1, 1)
     t = _exact_threshold(z, kind)
@@ -186,7 +191,8 @@ def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
 
 
 def _support_backward(grad: Tensor, weight: Tensor, dim: int) -> Tensor:
-    r"""Vector-Jacobian product of :math:`J = \mathrm{diag}(w) - w w^\top / \sum_j w_j`."""
+    r"""Vector-Jacobian product of
+    :math:`J = \mathrm{diag}(w) - w w^\top / \sum_j w_j`."""
     wg = weight * grad
     total = weight.sum(dim, keepdim=True)
     # Rows with an empty support (all -inf) have w = 0 and get zero gradient, not 0/0.
@@ -278,7 +284,8 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
-    r"""1.5-entmax: :math:`p_i = [x_i/2 - \tau]_+^2`, with :math:`\tau` such that :math:`\sum_i p_i = 1`.
+    r"""1.5-entmax: :math:`p_i = [x_i/2 - \tau]_+^2`, with :math:`\tau` such that
+    :math:`\sum_i p_i = 1`.
 
     The :math:`\alpha = 1.5` member of the :math:`\alpha`-entmax family
     (Peters, Niculae & Martins, 2019): the maximizer of
@@ -363,7 +370,8 @@ class _EntmaxBisect(_RowwiseFunction):
 def entmax_bisect(
     x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
 ) -> Tensor:
-    r""":math:`\alpha`-entmax by bisection: :math:`p_i = [(\alpha - 1) x_i - \tau]_+^{1/(\alpha-1)}`.
+    r""":math:`\alpha`-entmax by bisection:
+    :math:`p_i = [(\alpha - 1) x_i - \tau]_+^{1/(\alpha-1)}`.
 
     The maximizer of :math:`p^\top x + H^T_\alpha(p)` over the simplex, with
     the Tsallis entropy
@@ -452,7 +460,8 @@ class _SoftmaxOne(_RowwiseFunction):
 
 
 def softmax_one(x: Tensor, dim: int = -1) -> Tensor:
-    r"""Softmax-off-by-one: :math:`\mathrm{softmax}_1(x)_i = e^{x_i} / (1 + \sum_j e^{x_j})`.
+    r"""Softmax-off-by-one:
+    :math:`\mathrm{softmax}_1(x)_i = e^{x_i} / (1 + \sum_j e^{x_j})`.
 
     Softmax with an extra, implicit logit fixed at 0 whose weight is thrown
     away (Miller, 2023, "quiet attention"): the weights sum to
@@ -579,7 +588,8 @@ class _SigmoidNormalize(_RowwiseFunction):
 
 
 def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Tensor:
-    r"""Sigmoid attention weights: :math:`p_i = \sigma(x_i + b)`, by default :math:`b = -\log n`.
+    r"""Sigmoid attention weights: :math:`p_i = \sigma(x_i + b)`, by default
+    :math:`b = -\log n`.
 
     Each key is weighted independently by a logistic sigmoid; nothing makes
     the weights sum to 1. Ramapuram et al. (2025) show that the bias

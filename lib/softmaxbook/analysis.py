@@ -25,7 +25,8 @@ __all__ = ["entropy", "attention_entropy", "attention_distance", "attention_spar
 
 
 def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
-    r"""Shannon entropy in nats: :math:`H(p) = -\sum_i p_i \log p_i`, with :math:`0 \log 0 = 0`.
+    r"""Shannon entropy in nats: :math:`H(p) = -\sum_i p_i \log p_i`, with
+    :math:`0 \log 0 = 0`.
 
     :math:`H = 0` for a one-hot row (all attention on one key, *collapse*) and
     :math:`H = \log N` for the uniform row over :math:`N` keys. The convention
@@ -79,7 +80,8 @@ def _mean_over_rows(values: Tensor, live: Tensor) -> Tensor:
 
 
 def attention_entropy(weights: Tensor) -> Tensor:
-    r"""Mean row entropy of attention maps: :math:`\bar H = \frac{1}{|R|}\sum_{i \in R} H(a_{i\cdot})`.
+    r"""Mean row entropy of attention maps:
+    :math:`\bar H = \frac{1}{|R|}\sum_{i \in R} H(a_{i\cdot})`.
 
     :math:`H(a_{i\cdot}) = -\sum_j a_{ij} \log a_{ij}` (nats, :math:`0 \log 0 = 0`)
     is the entropy of query :math:`i`'s attention; :math:`R` is the set of
@@ -117,7 +119,9 @@ def attention_entropy(weights: Tensor) -> Tensor:
 
 
 def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
-    r"""Mean attention distance: :math:`\bar d = \frac{1}{|R|}\sum_{i \in R} \sum_j a_{ij}\, |i + \text{offset} - j|`.
+    r"""Mean attention distance:
+    :math:`\bar d = \frac{1}{|R|}\sum_{i \in R} \sum_j a_{ij}\,
+    |i + \text{offset} - j|`.
 
     How far, in positions, the queries of a map look on average: 0 for a
     head that attends to its own position, 1 for a "previous token" head,
@@ -167,7 +171,8 @@ def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
 def attention_sparsity(
     weights: Tensor, mask: Tensor | None = None, *, threshold: float = 0.0
 ) -> Tensor:
-    r"""Fraction of zero weights among the allowed entries: :math:`\frac{|\{(i,j) \in A : a_{ij} \le \tau\}|}{|A|}`.
+    r"""Fraction of zero weights among the allowed entries:
+    :math:`\frac{|\{(i,j) \in A : a_{ij} \le \tau\}|}{|A|}`.
 
     :math:`A` holds the entries that ``mask`` allows (True = may attend), in
     rows with any weight. Masked entries are zero under every normalizer,

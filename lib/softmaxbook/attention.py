@@ -1,6 +1,9 @@
 r"""Scaled dot-product attention with a pluggable normalizer.
 
-.. math:: \mathrm{Attention}(Q, K, V) = \mathrm{normalize}\!\left(\frac{Q K^\top}{\sqrt{D}} + M\right) V
+.. math::
+
+    \mathrm{Attention}(Q, K, V)
+    = \mathrm{normalize}\!\left(\frac{Q K^\top}{\sqrt{D}} + M\right) V
 
 The normalizer is softmax by default; the alternatives chapter plugs in
 sparsemax, entmax and others by name, and any callable
@@ -76,7 +79,8 @@ def scaled_dot_product_attention(
     normalizer: str | Normalizer = "softmax",
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    r"""Attention: :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
+    r"""Attention:
+    :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
 
     The scores :math:`Q K^\top` are multiplied by ``scale`` (default
     :math:`1/\sqrt{D}`), masked, normalized along the keys and used to

@@ -49,7 +49,8 @@ def _check_available(device: torch.device) -> torch.device:
         )
     elif device.type not in {"cpu", "cuda", "mps"}:
         raise ValueError(
-            f"{DEVICE_ENV_VAR}={device} is not supported; expected 'cpu', 'cuda', 'cuda:N' or 'mps'"
+            f"{DEVICE_ENV_VAR}={device} is not supported; "
+            "expected 'cpu', 'cuda', 'cuda:N' or 'mps'"
         )
     return device
 
@@ -81,7 +82,8 @@ def get_device(prefer: str | torch.device | None = None) -> torch.device:
             device = torch.device(requested)
         except (RuntimeError, TypeError) as err:
             raise ValueError(
-                f"{DEVICE_ENV_VAR}={requested!r} is not a device; expected 'cpu', 'cuda', 'cuda:N' or 'mps'"
+                f"{DEVICE_ENV_VAR}={requested!r} is not a device; "
+                "expected 'cpu', 'cuda', 'cuda:N' or 'mps'"
             ) from err
         return _check_available(device)
     if torch.cuda.is_available():

@@ -33,9 +33,11 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def softmax_jacobian(s: Tensor, dim: int = -1) -> Tensor:
-    r"""The Jacobian of softmax from its output: :math:`J = \operatorname{diag}(s) - s s^\top`.
+    r"""The Jacobian of softmax from its output:
+    :math:`J = \operatorname{diag}(s) - s s^\top`.
 
-    Entry :math:`(i, j)` is :math:`\partial s_i / \partial x_j = s_i(\delta_{ij} - s_j)`.
+    Entry :math:`(i, j)` is
+    :math:`\partial s_i / \partial x_j = s_i(\delta_{ij} - s_j)`.
     ``J`` is symmetric and positive semidefinite, each of its rows sums to 0
     (the weights always sum to one, so no change of the scores can change
     their total), and its largest eigenvalue is at most :math:`1/2`. A fully
@@ -80,7 +82,8 @@ def softmax_jacobian(s: Tensor, dim: int = -1) -> Tensor:
 
 
 def softmax_backward(s: Tensor, grad_output: Tensor, dim: int = -1) -> Tensor:
-    r"""Vector-Jacobian product of softmax: :math:`\bar x = s \odot (g - \textstyle\sum_j s_j g_j)`.
+    r"""Vector-Jacobian product of softmax:
+    :math:`\bar x = s \odot (g - \textstyle\sum_j s_j g_j)`.
 
     Given the softmax output :math:`s` and the gradient :math:`g` of a loss
     with respect to :math:`s`, returns the gradient with respect to the

@@ -36,7 +36,8 @@ __all__ = [
 
 
 def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
-    r"""Boolean causal mask: query :math:`i` may attend to key :math:`j` iff :math:`j \le i`.
+    r"""Boolean causal mask: query :math:`i` may attend to key :math:`j` iff
+    :math:`j \le i`.
 
     Aligned at the top-left corner, exactly like ``is_causal=True`` in
     ``torch.nn.functional.scaled_dot_product_attention``: with ``L < S`` the
@@ -78,7 +79,8 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
 
 
 def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
-    r"""Boolean padding mask: position :math:`j` of sequence :math:`b` is real iff :math:`j < \ell_b`.
+    r"""Boolean padding mask: position :math:`j` of sequence :math:`b` is real iff
+    :math:`j < \ell_b`.
 
     Padding is assumed at the end of each sequence (right padding).
 
@@ -234,7 +236,8 @@ def mask_fill_value(dtype: torch.dtype) -> float:
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    r"""Convert a boolean mask (True = may attend) to an additive one: :math:`0` or :math:`-\infty`.
+    r"""Convert a boolean mask (True = may attend) to an additive one: :math:`0` or
+    :math:`-\infty`.
 
     Adding the result to the scores before a softmax masks them; this is the
     float ``attn_mask`` form that torch also accepts. A row that is all

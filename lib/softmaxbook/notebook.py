@@ -11,24 +11,59 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from ._checks import check_installed
 from .device import get_device
 from .plotting import use_style
 
 __all__ = ["setup_notebook", "glue"]
 
 
-def setup_notebook(seed: int = 0, *, precision: int = 4) -> torch.device:
-    """Seed every generator, set rounded printing and the figure style; return the device.
+def setup_notebook(
+    seed: int = 0, *, precision: int = 4, requires: Sequence[str] = ()
+) -> torch.device:
+    """Seed every generator, set rounded printing and the figure style; return the
+    device.
 
-    Seeds Python's ``random``, NumPy's global generator and torch (all
-    devices). Printing rounds to ``precision`` digits without scientific
-    notation, so stored notebook outputs do not change with the last bit of a
-    float. Returns :func:`~softmaxbook.get_device`.
+    First checks that the optional packages in ``requires`` are installed, so
+    that a chapter which needs one says so in its first cell, with the command
+    that installs it, instead of failing halfway down. Then seeds Python's
+    ``random``, NumPy's global generator and torch (all devices). Printing
+    rounds to ``precision`` digits without scientific notation, so stored
+    notebook outputs do not change with the last bit of a float. Returns
+    :func:`~softmaxbook.get_device`.
+
+    Parameters
+    ----------
+    seed : int
+        The seed of every generator.
+    precision : int
+        Digits that torch and NumPy print.
+    requires : sequence of str
+        Import names of the optional packages the notebook needs, e.g.
+        ``("entmax",)``. The chapters' packages (entmax, tqdm, Triton) come
+        with ``pip install "softmaxbook[book]"``.
+
+    Raises
+    ------
+    ImportError
+        If a package in ``requires`` is not installed. The message names the
+        packages and the ``pip install`` line that installs them.
+    TypeError
+        If ``requires`` is not a sequence of names.
+
+    Examples
+    --------
+    The first cell of a chapter that compares with the ``entmax`` package::
+
+        import softmaxbook as sb
+        device = sb.setup_notebook(seed=0, requires=("entmax",))
     """
+    check_installed(requires, "This notebook")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -57,8 +92,8 @@ def glue(name: str, value, *, digits: int = 4, display: bool = False) -> None:
     ----------
     name : str
         The key used in ``{glue:text}`name```.
-    value : float, int, bool, str, None, NumPy scalar or 0-d tensor
-        What to record.
+    value : float or int or bool or str
+        What to record; also ``None``, a NumPy scalar or a 0-d tensor.
     digits : int
         Significant digits kept of a float, from 1 to 6.
 

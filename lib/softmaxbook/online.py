@@ -35,7 +35,8 @@ __all__ = [
 
 
 def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor:
-    r"""Softmax computed block by block with a running maximum and a rescaled running sum.
+    r"""Softmax computed block by block with a running maximum and a rescaled running
+    sum.
 
     For each block :math:`B` of ``block_size`` entries,
 
@@ -60,7 +61,8 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
     for start in range(0, xt.shape[-1], block_size):
         block = xt[..., start : start + block_size]
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        # An all -inf prefix has m_new = -inf: shift by 0 instead, to keep exp(-inf - -inf) out.
+        # An all -inf prefix has m_new = -inf: shift by 0 instead, so that
+        # exp(-inf - (-inf)) = nan never happens.
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         d = d * torch.exp(m - shift) + torch.exp(block - shift).sum(
             dim=-1, keepdim=True
@@ -75,9 +77,10 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
 # FlashAttention: attention tile by tile with the online softmax
 # --------------------------------------------------------------------------------------
 
-#: Default tile sizes ``(block_q, block_k)`` of :func:`flash_attention`. Large tiles keep
-#: the per-tile matrix products big enough that Python's per-tile overhead is negligible,
-#: while one (B·H, 256, 512) float32 tile of scores is still only 0.5 MiB per head.
+#: Default tile sizes ``(block_q, block_k)`` of :func:`flash_attention`. Large
+#: tiles keep the per-tile matrix products big enough that Python's per-tile
+#: overhead is negligible, while one (B·H, 256, 512) float32 tile of scores is
+#: still only 0.5 MiB per head.
 DEFAULT_BLOCK_SIZE = (256, 512)
 
 _LOG2E = math.log2(math.e)
@@ -110,7 +113,8 @@ def flash_attention(
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    r"""Exact attention computed tile by tile: :math:`\mathrm{softmax}(QK^\top \cdot \text{scale})\,V`.
+    r"""Exact attention computed tile by tile:
+    :math:`\mathrm{softmax}(QK^\top \cdot \text{scale})\,V`.
 
     The algorithm of FlashAttention (Dao et al., 2022). Queries are cut into
     blocks of ``block_q`` rows, keys and values into blocks of ``block_k``.
@@ -191,9 +195,10 @@ def flash_attention(
 
 
 class FlashStep(NamedTuple):
-    """The state of :func:`flash_attention_steps` after one tile (all tensors float32+)."""
+    """The state of :func:`flash_attention_steps` after one tile (all tensors
+    float32+)."""
 
-    #: Query rows ``[q_start, q_stop)`` and key columns ``[k_start, k_stop)`` of this tile.
+    #: Query rows ``[q_start, q_stop)`` and key columns ``[k_start, k_stop)``.
     q_start: int
     q_stop: int
     k_start: int
@@ -220,7 +225,8 @@ def flash_attention_steps(
     scale: float | None = None,
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
 ) -> Iterator[FlashStep]:
-    r"""Step through :func:`flash_attention` tile by tile: yields the running state after each tile.
+    r"""Step through :func:`flash_attention` tile by tile: yields the running state
+    after each tile.
 
     The plain algorithm, written for reading: for each block of query rows,
     for each block of keys, compute the tile of scores, update the running
@@ -274,7 +280,8 @@ def _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
                 torch.no_grad()
             ):  # the shift cancels in o / ell, so it needs no gradient
                 m_new = torch.maximum(m, s.amax(dim=-1))
-                # A row with no key so far has m = -inf: shift by 0 to keep exp(-inf - -inf) out.
+                # A row with no key so far has m = -inf: shift by 0, so that
+                # exp(-inf - (-inf)) = nan never happens.
                 shift = m_new.masked_fill(torch.isneginf(m_new), 0.0)
                 alpha = torch.exp(
                     m - shift
@@ -313,7 +320,8 @@ def _flash_attention_differentiable(
 
 
 def _flash_attention_fast(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
-    """The loop of :func:`_steps` without autograd: in-place updates, query blocks in parallel."""
+    """The loop of :func:`_steps` without autograd: in-place updates, query blocks in
+    parallel."""
     L, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     dev = q.device
@@ -360,7 +368,8 @@ def _flash_attention_fast(q, k, v, batch, keep, is_causal, scale, block_q, block
 def _flash_query_blocks(
     starts, qf, kt, vf, out, lse, keep, is_causal, block_q, block_k
 ):
-    """Compute the query blocks starting at ``starts`` into ``out`` and ``lse`` (base-2 scores)."""
+    """Compute the query blocks starting at ``starts`` into ``out`` and ``lse`` (base-2
+    scores)."""
     BH, L, _ = qf.shape
     S = vf.shape[1]
     bq_max, bk_max = min(block_q, L), min(block_k, S)
@@ -428,7 +437,8 @@ def _in_worker(inference: bool, fn, *args):
 
 
 def _tile_mask(keep, is_causal, q0, q1, k0, k1, device):
-    """The boolean ``(..., bq, bk)`` tile of the mask, or None when every entry may attend.
+    """The boolean ``(..., bq, bk)`` tile of the mask, or None when every entry may
+    attend.
 
     For ``is_causal`` it is ``(bq, bk)``; for a mask, a slice of the expanded
     mask (a view: only the tile is ever copied).
@@ -460,8 +470,12 @@ def merge_attention_states(
     :math:`\mathrm{lse}_a = \log \sum_{j \in A} e^{s_j}`) and ``(out_b,
     lse_b)`` over keys :math:`B`, then attention over :math:`A \cup B` is
 
-    .. math:: \mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right), \qquad
-              o = e^{\mathrm{lse}_a - \mathrm{lse}}\, o_a + e^{\mathrm{lse}_b - \mathrm{lse}}\, o_b .
+    .. math::
+
+        \mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right),
+        \qquad
+        o = e^{\mathrm{lse}_a - \mathrm{lse}}\, o_a
+          + e^{\mathrm{lse}_b - \mathrm{lse}}\, o_b .
 
     This is the step that lets split-K decoding and ring attention compute
     attention over keys held in different places and combine the pieces
@@ -474,7 +488,8 @@ def merge_attention_states(
     broadcast); ``out`` has the dtype of ``out_a``.
 
     Equivalent to ``(w_a * out_a + w_b * out_b, lse)`` with
-    ``lse = torch.logaddexp(lse_a, lse_b)`` and ``w = torch.exp(lse_x - lse)[..., None]``.
+    ``lse = torch.logaddexp(lse_a, lse_b)`` and ``w = torch.exp(lse_x - lse)[...,
+    None]``.
 
     Raises
     ------

@@ -43,7 +43,8 @@ def naive_softmax(x, axis: int = -1) -> np.ndarray:
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
-    r"""Stable softmax: :math:`e^{x_i - m} / \sum_j e^{x_j - m}` with :math:`m = \max_j x_j`.
+    r"""Stable softmax: :math:`e^{x_i - m} / \sum_j e^{x_j - m}` with
+    :math:`m = \max_j x_j`.
 
     Subtracting the maximum changes nothing mathematically (softmax is
     invariant to adding a constant) but makes every exponent :math:`\le 0`, so
@@ -63,7 +64,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
-    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`, :math:`m = \max_j x_j`.
+    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
+    :math:`m = \max_j x_j`.
 
     A row of all ``-inf`` gives ``-inf`` (the log of an empty sum).
     """
@@ -118,7 +120,8 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
 
 
 def sparsemax(x, axis: int = -1) -> np.ndarray:
-    r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the simplex.
+    r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the
+    simplex.
 
     .. math:: \mathrm{sparsemax}(x) = \arg\min_{p \in \Delta} \lVert p - x \rVert^2
               = [x - \tau(x)]_+

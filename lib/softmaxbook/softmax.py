@@ -21,7 +21,8 @@ def _scaled(x: Tensor, temperature: float) -> Tensor:
 
 
 def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
-    r"""Softmax along ``dim``: :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
+    r"""Softmax along ``dim``:
+    :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
 
     This is ``torch.softmax``, on every device, plus one division of ``x``
     by ``temperature`` when it is not 1: the same kernel, the same cost. It
@@ -66,7 +67,8 @@ def log_softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor
 
 
 def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
-    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`, :math:`m = \max_j x_j`.
+    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
+    :math:`m = \max_j x_j`.
 
     A smooth maximum: :math:`\max_j x_j \le \operatorname{logsumexp}(x) \le
     \max_j x_j + \log N`. A row of all ``-inf`` gives ``-inf``.

@@ -1,4 +1,5 @@
-r"""Triton kernels behind the library's functions: a fused row softmax and FlashAttention.
+r"""Triton kernels behind the library's functions: a fused row softmax and
+FlashAttention.
 
 On a CUDA device with Triton installed, :func:`fused_softmax` and
 :func:`~softmaxbook.flash_attention` run these kernels; everywhere else they run
@@ -67,8 +68,9 @@ def enable_interpreter() -> bool:
         )
     if "triton" in sys.modules and not interpreter_enabled():
         raise RuntimeError(
-            "Triton was already imported without its interpreter; restart Python and call "
-            "softmaxbook.kernels.enable_interpreter() (or set TRITON_INTERPRET=1) before "
+            "Triton was already imported without its interpreter; restart Python "
+            "and call softmaxbook.kernels.enable_interpreter() (or set "
+            "TRITON_INTERPRET=1) before "
             "anything imports triton"
         )
     os.environ[INTERPRETER_ENV_VAR] = "1"
@@ -76,7 +78,8 @@ def enable_interpreter() -> bool:
 
 
 def _backend():
-    """Import the Triton kernels on first use, with a clear error when that cannot work."""
+    """Import the Triton kernels on first use, with a clear error when that cannot
+    work."""
     if not triton_available():
         raise ImportError(
             "Triton is not installed; pip install triton (or softmaxbook[gpu])"
@@ -101,8 +104,9 @@ def _check_runnable(t: Tensor, name: str) -> None:
         )
     if not interpreter_enabled():
         raise RuntimeError(
-            f"{name} is on the CPU, where Triton kernels run only in its interpreter: call "
-            "softmaxbook.kernels.enable_interpreter() before anything imports triton "
+            f"{name} is on the CPU, where Triton kernels run only in its "
+            "interpreter: call softmaxbook.kernels.enable_interpreter() before "
+            "anything imports triton "
             "(or set TRITON_INTERPRET=1), or use a CUDA tensor"
         )
 
@@ -147,7 +151,8 @@ def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def fused_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    r"""Softmax that runs :func:`triton_softmax` where it can and ``torch.softmax`` elsewhere.
+    r"""Softmax that runs :func:`triton_softmax` where it can and ``torch.softmax``
+    elsewhere.
 
     The dispatch of :func:`~softmaxbook.explain_dispatch` ``("softmax", x)``:
     the Triton kernel for CUDA tensors when Triton is installed and no

@@ -1,4 +1,5 @@
-"""The Triton kernels and their launchers. Imported only on first use (it imports Triton).
+"""The Triton kernels and their launchers. Imported only on first use (it imports
+Triton).
 
 Both kernels follow the same plan: one *program* (a block of GPU threads)
 owns a piece of the output, loads what it needs from global memory once,
@@ -18,7 +19,7 @@ import triton.language as tl
 
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
-    # One program per row: the whole row is loaded once, normalized on chip, stored once.
+    # One program per row: the row is loaded once, normalized on chip, stored once.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
@@ -160,7 +161,8 @@ def _flash_attention_kernel(
 
 
 def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Launch :func:`_softmax_kernel` over every row of ``x`` along ``dim`` (checked by the caller)."""
+    """Launch :func:`_softmax_kernel` over every row of ``x`` along ``dim`` (checked by
+    the caller)."""
     if x.dim() == 0:
         return softmax(x.reshape(1), 0).reshape(())
     xt = x.movedim(dim, -1)
@@ -180,7 +182,8 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _as_bh(t: torch.Tensor, batch: tuple) -> torch.Tensor:
-    """View ``t`` (batch dims ``batch``, then two more) as ``(B, H, ., .)``; copies only if it must."""
+    """View ``t`` (batch dims ``batch``, then two more) as ``(B, H, ., .)``; copies only
+    if it must."""
     t = t.expand(batch + t.shape[-2:])
     if len(batch) == 0:
         return t.reshape((1, 1) + t.shape)

@@ -61,7 +61,8 @@ def triton_available() -> bool:
 
 
 def interpreter_enabled() -> bool:
-    """True when Triton runs (or, once imported, will run) kernels in its interpreter."""
+    """True when Triton runs (or, once imported, will run) kernels in its
+    interpreter."""
     value = os.environ.get(INTERPRETER_ENV_VAR, "0").strip().lower()
     return value in {"1", "true", "on", "yes"}
 

@@ -1,4 +1,5 @@
-r"""A tiny transformer built on the library's attention, with a pluggable normalizer (the case study).
+r"""A tiny transformer built on the library's attention, with a pluggable normalizer
+(the case study).
 
 Everything here is small enough to train on a laptop CPU in seconds:
 

@@ -19,7 +19,8 @@ def make_associative_recall(
     generator: torch.Generator | None = None,
     device=None,
 ) -> tuple[Tensor, Tensor]:
-    r"""Associative recall: :math:`k_1 v_1 \dots k_P v_P\, q \mapsto v_i` where :math:`k_i = q`.
+    r"""Associative recall: :math:`k_1 v_1 \dots k_P v_P\, q \mapsto v_i` where
+    :math:`k_i = q`.
 
     Each sequence lists ``n_pairs`` distinct keys, each followed by its value,
     and ends with a query: one of those keys, chosen uniformly. The target is
@@ -64,7 +65,8 @@ def make_associative_recall(
     n_values = check_positive_int(n_values, "n_values")
     if n_pairs > n_keys:
         raise ValueError(
-            f"n_pairs={n_pairs} distinct keys need n_keys >= n_pairs, got n_keys={n_keys}"
+            f"n_pairs={n_pairs} distinct keys need n_keys >= n_pairs, "
+            f"got n_keys={n_keys}"
         )
     # A random permutation per row (argsort of uniforms) gives distinct keys.
     keys = torch.rand(n, n_keys, generator=generator).argsort(dim=-1)[

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import (
+    check_installed,
     check_nonnegative,
     check_nonnegative_int,
     check_positive,
@@ -58,7 +59,8 @@ def _loss_and_correct(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data, *, batch_size: int = 1024) -> dict[str, float]:
-    r"""Mean cross-entropy and accuracy of ``model`` on ``data``: :math:`-\frac1N\sum_n \log p(y_n)`.
+    r"""Mean cross-entropy and accuracy of ``model`` on ``data``:
+    :math:`-\frac1N\sum_n \log p(y_n)`.
 
     ``model`` maps ``(B, L)`` tokens to ``(B, L, V)`` logits. Targets of shape
     ``(N,)`` are scored at the last position (as in
@@ -158,7 +160,8 @@ def train(
     generator: torch.Generator | None = None,
     progress: bool = False,
 ) -> TrainingHistory:
-    r"""Fit ``model`` with AdamW on minibatches of ``data``; return a :class:`TrainingHistory`.
+    r"""Fit ``model`` with AdamW on minibatches of ``data``; return a
+    :class:`TrainingHistory`.
 
     Minimizes the cross-entropy of :func:`evaluate` with AdamW at learning
     rate :math:`\eta_t = \eta \min(1, t/\text{warmup}) \cdot
@@ -262,6 +265,7 @@ def train(
 
     bar = None
     if progress:
+        check_installed("tqdm", "train(progress=True)")
         from tqdm import tqdm  # only needed for the bar
 
         # stdout, not stderr: notebooks keep stderr for warnings.

@@ -1,4 +1,5 @@
-r"""A tiny decoder-only transformer whose attention is the library's, normalizer pluggable."""
+r"""A tiny decoder-only transformer whose attention is the library's, normalizer
+pluggable."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ __all__ = ["MultiHeadAttention", "TransformerBlock", "TinyTransformer"]
 
 
 class MultiHeadAttention(nn.Module):
-    r"""Multi-head self-attention: :math:`\mathrm{concat}_h\, \mathrm{normalize}(Q_h K_h^\top \cdot s / T)\, V_h \; W_O`.
+    r"""Multi-head self-attention:
+    :math:`\mathrm{concat}_h\, \mathrm{normalize}(Q_h K_h^\top \cdot s / T)\,
+    V_h \; W_O`.
 
     The heads are computed by :func:`~softmaxbook.scaled_dot_product_attention`,
     so the normalizer is pluggable. The scores are multiplied by
@@ -90,7 +93,8 @@ class MultiHeadAttention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    r"""Pre-LayerNorm block: :math:`x + \mathrm{MHA}(\mathrm{LN}(x))`, then :math:`x + \mathrm{MLP}(\mathrm{LN}(x))`.
+    r"""Pre-LayerNorm block: :math:`x + \mathrm{MHA}(\mathrm{LN}(x))`, then
+    :math:`x + \mathrm{MLP}(\mathrm{LN}(x))`.
 
     Normalizing *before* each sublayer keeps the residual stream an identity
     path, which is what makes small transformers train without a warm-up
@@ -120,7 +124,8 @@ class TransformerBlock(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    r"""A small decoder-only transformer: :math:`\mathrm{logits} = W_U\, \mathrm{LN}(\mathrm{blocks}(E[x] + P))`.
+    r"""A small decoder-only transformer:
+    :math:`\mathrm{logits} = W_U\, \mathrm{LN}(\mathrm{blocks}(E[x] + P))`.
 
     Token embeddings :math:`E`, learned positional embeddings :math:`P`,
     ``n_layers`` :class:`TransformerBlock` (pre-LayerNorm), a final
@@ -231,7 +236,8 @@ class TinyTransformer(nn.Module):
     def forward(
         self, tokens: Tensor, *, return_weights: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits ``(B, L, V)``, or ``(logits, weights)`` with the ``(B, n_layers, H, L, L)`` maps.
+        """Logits ``(B, L, V)``, or ``(logits, weights)`` with the ``(B, n_layers, H, L,
+        L)`` maps.
 
         Parameters
         ----------

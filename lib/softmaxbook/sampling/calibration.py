@@ -25,7 +25,8 @@ __all__ = [
 
 
 class ReliabilityTable(NamedTuple):
-    r"""Per-bin statistics of a reliability diagram, returned by :func:`reliability_table`.
+    r"""Per-bin statistics of a reliability diagram, returned by
+    :func:`reliability_table`.
 
     Each field is a float64 tensor of shape ``(n_bins,)`` on the input's
     device (``count`` is ``torch.long``). Bin :math:`b` holds the predictions
@@ -55,11 +56,13 @@ def _check_probs_labels(probs, labels) -> tuple[Tensor, Tensor]:
         or labels.is_complex()
     ):
         raise TypeError(
-            f"labels must be an integer tensor (class indices), got dtype {labels.dtype}"
+            "labels must be an integer tensor (class indices), got dtype "
+            f"{labels.dtype}"
         )
     if labels.shape != (n,):
         raise ValueError(
-            f"labels must have shape (n,) = ({n},) to match probs {tuple(probs.shape)}, "
+            f"labels must have shape (n,) = ({n},) to match probs "
+            f"{tuple(probs.shape)}, "
             f"got {tuple(labels.shape)}"
         )
     if n == 0 or C == 0:
@@ -100,7 +103,8 @@ def reliability_table(
     :math:`M` = ``n_bins``; per bin the table holds
     :math:`|B_b|`, :math:`\mathrm{conf}(B_b) = \frac{1}{|B_b|}\sum_{i \in B_b} \hat p_i`
     and :math:`\mathrm{acc}(B_b) = \frac{1}{|B_b|}\sum_{i \in B_b} [\hat y_i = y_i]`.
-    A perfectly calibrated model has :math:`\mathrm{acc}(B_b) \approx \mathrm{conf}(B_b)`
+    A perfectly calibrated model has
+    :math:`\mathrm{acc}(B_b) \approx \mathrm{conf}(B_b)`
     in every bin (Guo et al., 2017).
 
     Shapes: ``probs`` is ``(n, C)``, ``labels`` is ``(n,)``; every field of the
@@ -153,7 +157,8 @@ def reliability_table(
 def expected_calibration_error(
     probs: Tensor, labels: Tensor, n_bins: int = 15
 ) -> float:
-    r"""ECE: :math:`\sum_b \frac{|B_b|}{n}\, \left|\mathrm{acc}(B_b) - \mathrm{conf}(B_b)\right|`.
+    r"""ECE: :math:`\sum_b \frac{|B_b|}{n}\,
+    \left|\mathrm{acc}(B_b) - \mathrm{conf}(B_b)\right|`.
 
     The average gap between confidence and accuracy, over ``n_bins``
     equal-width confidence bins, weighted by how many predictions fall in
@@ -198,7 +203,8 @@ def expected_calibration_error(
 
 
 def _nll_derivative(z: Tensor, labels: Tensor, beta: float) -> float:
-    # d/d(beta) of mean_i [logsumexp(beta z_i) - beta z_{i,y_i}] = mean_i (E_{softmax(beta z_i)}[z_i] - z_{i,y_i})
+    # d/d(beta) of mean_i [logsumexp(beta z_i) - beta z_{i,y_i}] = mean_i
+    # (E_{softmax(beta z_i)}[z_i] - z_{i,y_i})
     p = torch.softmax(beta * z, dim=-1)
     zp = torch.where(p > 0, p * z, torch.zeros_like(z))  # 0 * (-inf) counts as 0
     expected = zp.sum(dim=-1)
@@ -213,7 +219,9 @@ def fit_temperature(
     bounds: tuple[float, float] = (0.01, 100.0),
     tol: float = 1e-10,
 ) -> float:
-    r"""Temperature scaling: :math:`T^\star = \arg\min_{T>0} -\frac{1}{n}\sum_i \log \mathrm{softmax}(z_i / T)_{y_i}`.
+    r"""Temperature scaling:
+    :math:`T^\star = \arg\min_{T>0}
+    -\frac{1}{n}\sum_i \log \mathrm{softmax}(z_i / T)_{y_i}`.
 
     Fits the single parameter of temperature scaling (Guo et al., 2017) on
     held-out data: the temperature that minimizes the negative
@@ -222,10 +230,12 @@ def fit_temperature(
     only the confidences move.
 
     With :math:`\beta = 1/T` the loss
-    :math:`\frac{1}{n}\sum_i \big(\operatorname{logsumexp}(\beta z_i) - \beta z_{i,y_i}\big)`
+    :math:`\frac{1}{n}\sum_i
+    \big(\operatorname{logsumexp}(\beta z_i) - \beta z_{i,y_i}\big)`
     is convex in :math:`\beta` (a logsumexp of functions linear in
     :math:`\beta`), with derivative
-    :math:`\frac{1}{n}\sum_i \big(\mathbb{E}_{\mathrm{softmax}(\beta z_i)}[z_i] - z_{i,y_i}\big)`,
+    :math:`\frac{1}{n}\sum_i
+    \big(\mathbb{E}_{\mathrm{softmax}(\beta z_i)}[z_i] - z_{i,y_i}\big)`,
     which is non-decreasing. So the minimizer is found by bisection on the
     sign of that derivative, in :math:`\log \beta`, inside ``bounds``: no
     learning rate, no initial guess, the same answer on every run, to
@@ -241,7 +251,8 @@ def fit_temperature(
     Parameters
     ----------
     logits : Tensor
-        Held-out logits of shape ``(n, C)``. ``-inf`` entries (removed classes) are allowed.
+        Held-out logits of shape ``(n, C)``. ``-inf`` entries (removed classes) are
+        allowed.
     labels : Tensor
         True classes of shape ``(n,)``, integers in ``[0, C)``.
     bounds : tuple of float
@@ -275,7 +286,8 @@ def fit_temperature(
         or labels.is_complex()
     ):
         raise TypeError(
-            f"labels must be an integer tensor (class indices), got dtype {labels.dtype}"
+            "labels must be an integer tensor (class indices), got dtype "
+            f"{labels.dtype}"
         )
     if labels.shape != (n,):
         raise ValueError(

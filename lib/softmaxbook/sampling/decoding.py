@@ -36,7 +36,8 @@ def _keep_at_least(logits: Tensor, threshold: Tensor) -> Tensor:
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    r"""Keep the ``k`` largest logits of each row: :math:`z_i \mapsto -\infty` unless :math:`z_i \ge z_{(k)}`.
+    r"""Keep the ``k`` largest logits of each row: :math:`z_i \mapsto -\infty` unless
+    :math:`z_i \ge z_{(k)}`.
 
     :math:`z_{(k)}` is the ``k``-th largest logit of the row. Every other entry
     becomes ``-inf``, so a following softmax gives it probability exactly 0
@@ -86,7 +87,8 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 
 
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    r"""Nucleus filter: keep the fewest most probable tokens whose probability mass reaches ``p``.
+    r"""Nucleus filter: keep the fewest most probable tokens whose probability mass
+    reaches ``p``.
 
     With the row's probabilities :math:`\pi = \mathrm{softmax}(z)` sorted in
     decreasing order, :math:`\pi_{(1)} \ge \pi_{(2)} \ge \dots`, the kept
