@@ -9,7 +9,7 @@ CHAPTERS := $(wildcard chapters/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book test test-fast test-portable execute lab bench student clean
+.PHONY: all setup book lint format test test-fast test-portable test-oldest execute lab bench student clean
 
 all: test
 
@@ -26,8 +26,20 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 	@echo "Open _build/html/index.html"
 
-## test: unit tests, strict nbval on every chapter, the book build and the browser check
-test: $(STAMP)
+## lint: ruff's checks and its formatting, on the library, the tests and the benchmarks
+# (the chapters get the same settings: ruff format chapters && ruff check chapters)
+LINTED := lib tests benchmarks $(wildcard experiments)
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+## format: apply ruff's formatting and its safe fixes
+format: $(STAMP)
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
+
+## test: lint, unit tests, strict nbval on every chapter, the book build and the browser check
+test: $(STAMP) lint
 	$(BIN)/python -m pytest
 
 ## test-fast: the library's unit tests only
@@ -55,6 +67,21 @@ test-portable: $(STAMP)
 	done; \
 	if [ -n "$$failed" ]; then echo "nbval failed under:$$failed"; exit 1; fi
 
+## test-oldest: the unit tests against the oldest torch, numpy and matplotlib that
+# pyproject.toml allows (a separate venv; tests/test_api.py checks that these pins are
+# the declared lower bounds). PyPI's torch wheels for Linux bring CUDA libraries
+# (about 2.5 GB); torch's own pin of Triton is removed, so the kernel tests skip.
+OLDEST   := .venv-oldest
+OLDEST_PINS := torch==2.2.0 numpy==1.24.0 matplotlib==3.7.0
+test-oldest:
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet $(OLDEST_PINS) entmax==1.3 tqdm \
+	    pytest hypothesis
+	$(OLDEST)/bin/python -m pip uninstall --quiet --yes triton
+	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
+	env -u CI $(OLDEST)/bin/python -m pytest tests -p no:nbval -o addopts="" \
+	    -m "not slow" --ignore=tests/test_site.py -p no:cacheprovider
+
 ## execute: re-run every chapter in place, refreshing its stored outputs
 execute: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
@@ -76,5 +103,5 @@ bench: $(STAMP)
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
-	rm -rf _build .pytest_cache .hypothesis
+	rm -rf _build .pytest_cache .hypothesis .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -14,26 +14,16 @@ passes over the data, land well below 1.
 On a machine with CUDA and Triton it also measures the fused Triton kernel
 against ``torch.softmax`` and a device copy on the GPU.
 """
+
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import softmaxbook as sb
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from _timing import cuda_seconds, machine, median_seconds
 
 
 def numpy_naive(x):
@@ -61,10 +51,16 @@ def cpu_report(rows: int, cols: int, repeats: int) -> None:
         "sb.softmax": lambda: sb.softmax(x),
         "sb.online_softmax (block 128)": lambda: sb.online_softmax(x),
     }
-    print(f"CPU, {torch.get_num_threads()} threads; x is {rows} x {cols} float32 "
-          f"({x.numel() * 4 / 2**20:.0f} MiB); useful traffic 2 x that; median of {repeats}")
+    print(
+        f"CPU, {torch.get_num_threads()} threads; x is {rows} x {cols} float32 "
+        f"({x.numel() * 4 / 2**20:.0f} MiB); useful traffic 2 x that; "
+        f"median of {repeats}"
+    )
     with torch.inference_mode():
-        results = {name: nbytes / _median_time(fn, repeats) / 1e9 for name, fn in cases.items()}
+        results = {
+            name: nbytes / median_seconds(fn, repeats) / 1e9
+            for name, fn in cases.items()
+        }
     ceiling = results["copy into a preallocated buffer (torch)"]
     print(f"{'implementation':<42} {'GB/s':>7} {'of copy':>8}")
     for name, gbs in results.items():
@@ -78,17 +74,6 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
     y = torch.empty_like(x)
     nbytes = 2 * x.numel() * x.element_size()
 
-    def cuda_time(fn):
-        fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeats
-
     cases = {
         "copy into a preallocated buffer": lambda: y.copy_(x),
         "torch.softmax": lambda: torch.softmax(x, dim=-1),
@@ -98,7 +83,9 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
     print(f"\nGPU; x is {rows} x {cols} float32; CUDA events, {repeats} calls")
     print("dispatch:", sb.explain_dispatch("softmax", x))
     with torch.inference_mode():
-        results = {name: nbytes / cuda_time(fn) / 1e9 for name, fn in cases.items()}
+        results = {
+            name: nbytes / cuda_seconds(fn, repeats) / 1e9 for name, fn in cases.items()
+        }
     ceiling = results["copy into a preallocated buffer"]
     print(f"{'implementation':<42} {'GB/s':>8} {'of copy':>8}")
     for name, gbs in results.items():
@@ -107,18 +94,24 @@ def gpu_report(rows: int, cols: int, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 1024 x 4096 array, 3 repeats")
+    parser.add_argument(
+        "--quick", action="store_true", help="a 1024 x 4096 array, 3 repeats"
+    )
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--cols", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args()
     rows = args.rows or (1024 if args.quick else 4096)
     repeats = args.repeats or (3 if args.quick else 9)
+    print("Machine:", machine())
     cpu_report(rows, args.cols, repeats)
     if torch.cuda.is_available() and sb.triton_available():
         gpu_report(rows, args.cols, max(repeats, 20))
     else:
-        print("No CUDA GPU here: the fused Triton softmax was not timed (it runs natively only on a GPU).")
+        print(
+            "No CUDA GPU here: the fused Triton softmax was not timed "
+            "(it runs natively only on a GPU)."
+        )
 
 
 if __name__ == "__main__":

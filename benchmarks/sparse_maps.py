@@ -16,11 +16,13 @@ past the candidates is redone with a full sort.
 Usage: ``python benchmarks/sparse_maps.py [--reps 21] [--rows 1024] [--cols 4096]
 [--threads N] [--scale 1.0]``
 """
+
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -29,12 +31,13 @@ import softmaxbook as sb
 try:
     import entmax
 except ImportError:  # pragma: no cover - the peer is a test/bench dependency
-    raise SystemExit("the entmax package is needed: pip install entmax")
+    raise SystemExit("the entmax package is needed: pip install entmax") from None
 
 
 def _forward(f):
     def run(x):
         return f(x)
+
     return run
 
 
@@ -43,6 +46,7 @@ def _forward_backward(f, grad):
         x = x.detach().requires_grad_(True)
         f(x).backward(grad)
         return x.grad
+
     return run
 
 
@@ -66,8 +70,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--cols", type=int, default=4096)
-    parser.add_argument("--scale", type=float, default=1.0, help="std of the random scores")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="std of the random scores"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -75,18 +83,28 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.rows, args.cols, generator=g) * args.scale  # float32, CPU
     grad = torch.randn(args.rows, args.cols, generator=g)
-    print(f"x: ({args.rows}, {args.cols}) float32 CPU, N(0, {args.scale}^2) scores; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"entmax {getattr(entmax, '__version__', '?')}; median of {args.reps} interleaved reps")
-    print(f"{'map':<10} {'pass':<17} {'ours ms':>9} {'entmax ms':>10} {'ours/entmax':>12}")
+    print(
+        f"x: ({args.rows}, {args.cols}) float32 CPU, N(0, {args.scale}^2) scores; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"entmax {getattr(entmax, '__version__', '?')}; "
+        f"median of {args.reps} interleaved reps"
+    )
+    print(
+        f"{'map':<10} {'pass':<17} {'ours ms':>9} {'entmax ms':>10} {'ours/entmax':>12}"
+    )
     for name in ("sparsemax", "entmax15"):
-        ours_f, theirs_f = getattr(sb, name), lambda t, f=getattr(entmax, name): f(t, dim=-1)
+        theirs = getattr(entmax, name)
+        ours_f, theirs_f = getattr(sb, name), partial(theirs, dim=-1)
         torch.testing.assert_close(ours_f(x), theirs_f(x), atol=1e-6, rtol=0)
-        for label, wrap in (("forward", _forward),
-                            ("forward+backward", lambda f: _forward_backward(f, grad))):
+        for label, wrap in (
+            ("forward", _forward),
+            ("forward+backward", lambda f: _forward_backward(f, grad)),
+        ):
             ours, theirs = interleaved(wrap(ours_f), wrap(theirs_f), x, args.reps)
-            print(f"{name:<10} {label:<17} {ours * 1e3:9.1f} {theirs * 1e3:10.1f} "
-                  f"{ours / theirs:12.2f}")
+            print(
+                f"{name:<10} {label:<17} {ours * 1e3:9.1f} {theirs * 1e3:10.1f} "
+                f"{ours / theirs:12.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Shared fixtures: deterministic seeds, and one build of the book per test session."""
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,17 @@ def book_build():
     build every session, so the tests check today's sources.
     """
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    command = [str(jupyter_book) if jupyter_book.exists() else "jupyter-book",
-               "build", str(ROOT), "-W", "-n", "--keep-going"]
+    command = [
+        str(jupyter_book) if jupyter_book.exists() else "jupyter-book",
+        "build",
+        str(ROOT),
+        "-W",
+        "-n",
+        "--keep-going",
+    ]
     shutil.rmtree(BUILD / "html", ignore_errors=True)
     shutil.rmtree(BUILD / ".doctrees", ignore_errors=True)
     env = dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning")
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=900
+    )

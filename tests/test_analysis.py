@@ -1,4 +1,6 @@
-"""softmaxbook.analysis: entropy and the per-map attention diagnostics, on hand-computed cases."""
+"""softmaxbook.analysis: entropy and the per-map attention diagnostics, on hand-computed
+cases."""
+
 from __future__ import annotations
 
 import math
@@ -12,13 +14,15 @@ from hypothesis import strategies as st
 import softmaxbook as sb
 from softmaxbook import reference
 
+# --- entropy --------------------------------------------------------------------------
 
-# --- entropy -----------------------------------------------------------------------------
 
 def test_entropy_uniform_and_one_hot():
     for n in (1, 2, 7):
-        assert torch.allclose(sb.entropy(torch.full((n,), 1.0 / n, dtype=torch.float64)),
-                              torch.tensor(math.log(n), dtype=torch.float64))
+        assert torch.allclose(
+            sb.entropy(torch.full((n,), 1.0 / n, dtype=torch.float64)),
+            torch.tensor(math.log(n), dtype=torch.float64),
+        )
     assert sb.entropy(torch.tensor([0.0, 1.0, 0.0])).item() == 0.0
 
 
@@ -26,11 +30,13 @@ def test_entropy_matches_numpy_formula():
     rng = np.random.default_rng(0)
     p = reference.softmax(rng.normal(size=(5, 9)) * 3)
     expected = -(p * np.log(p)).sum(-1)
-    np.testing.assert_allclose(sb.entropy(torch.from_numpy(p)).numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(
+        sb.entropy(torch.from_numpy(p)).numpy(), expected, rtol=1e-12
+    )
 
 
 def test_entropy_zero_entries_contribute_nothing_exactly():
-    # The seed document's +1e-12 gives a biased, nonzero answer for a one-hot row in float64.
+    # A "+ 1e-12" inside the log gives a biased, nonzero answer for a one-hot row.
     p = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
     assert sb.entropy(p).item() == pytest.approx(math.log(2), abs=1e-15)
     fudge = -(p * torch.log(p + 1e-12)).sum()
@@ -58,7 +64,9 @@ def test_entropy_gradcheck():
 def test_entropy_low_precision_and_empty():
     p = torch.full((4,), 0.25)
     for dtype in (torch.float16, torch.bfloat16):
-        assert sb.entropy(p.to(dtype)).float().item() == pytest.approx(math.log(4), rel=1e-2)
+        assert sb.entropy(p.to(dtype)).float().item() == pytest.approx(
+            math.log(4), rel=1e-2
+        )
     assert sb.entropy(torch.empty(3, 0)).tolist() == [0.0, 0.0, 0.0]
 
 
@@ -77,12 +85,13 @@ def test_entropy_between_zero_and_log_n(scores):
     assert -1e-12 <= h <= math.log(len(scores)) + 1e-12
 
 
-# --- attention_entropy ----------------------------------------------------------------------
+# --- attention_entropy ----------------------------------------------------------------
+
 
 def test_attention_entropy_hand_case_skips_zero_rows():
-    w = torch.tensor([[1.0, 0.0, 0.0],
-                      [0.5, 0.5, 0.0],
-                      [0.0, 0.0, 0.0]], dtype=torch.float64)  # the last query sees nothing
+    w = torch.tensor(
+        [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64
+    )  # the last query sees nothing
     assert sb.attention_entropy(w).item() == pytest.approx(math.log(2) / 2, abs=1e-15)
 
 
@@ -111,7 +120,8 @@ def test_attention_entropy_causal_uniform():
     assert sb.attention_entropy(w).item() == pytest.approx(expected, abs=1e-14)
 
 
-# --- attention_distance ---------------------------------------------------------------------
+# --- attention_distance ---------------------------------------------------------------
+
 
 def test_attention_distance_identity_and_previous_token():
     L = 6
@@ -123,7 +133,8 @@ def test_attention_distance_identity_and_previous_token():
 
 
 def test_attention_distance_matches_square_formula():
-    # The seed document's formula, correct for square maps with full rows.
+    # The common square formula, |positions[:, None] - positions[None, :]|: right for
+    # square maps with full rows.
     w = torch.softmax(torch.randn(3, 7, 7, dtype=torch.float64), -1)
     pos = torch.arange(7, dtype=torch.float64)
     expected = (w * (pos[:, None] - pos[None, :]).abs()).sum(-1).mean(-1)
@@ -133,8 +144,12 @@ def test_attention_distance_matches_square_formula():
 def test_attention_distance_causal_uniform():
     L = 5
     w = sb.causal_mask(L).double()
-    w = w / w.sum(-1, keepdim=True)  # query i looks uniformly at 0..i: mean distance i / 2
-    assert sb.attention_distance(w).item() == pytest.approx(sum(i / 2 for i in range(L)) / L)
+    w = w / w.sum(
+        -1, keepdim=True
+    )  # query i looks uniformly at 0..i: mean distance i / 2
+    assert sb.attention_distance(w).item() == pytest.approx(
+        sum(i / 2 for i in range(L)) / L
+    )
 
 
 def test_attention_distance_rectangular_with_offset():
@@ -150,12 +165,11 @@ def test_attention_distance_skips_zero_rows():
     assert sb.attention_distance(torch.zeros(3, 3)).item() == 0.0
 
 
-# --- attention_sparsity ---------------------------------------------------------------------
+# --- attention_sparsity ---------------------------------------------------------------
+
 
 def test_attention_sparsity_hand_case():
-    w = torch.tensor([[1.0, 0.0, 0.0],
-                      [0.6, 0.4, 0.0],
-                      [0.0, 0.5, 0.5]])
+    w = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.4, 0.0], [0.0, 0.5, 0.5]])
     assert sb.attention_sparsity(w).item() == pytest.approx(4 / 9)
     # Under the causal mask only 6 entries could be nonzero, and 1 of them is zero.
     assert sb.attention_sparsity(w, sb.causal_mask(3)).item() == pytest.approx(1 / 6)
@@ -183,16 +197,23 @@ def test_diagnostics_in_range(L, S, seed):
     scores = torch.randn(L, S, generator=g, dtype=torch.float64) * 5
     keep = torch.rand(L, S, generator=g) > 0.3
     w = sb.masked_softmax(scores, keep)
-    h, d, s = sb.attention_entropy(w), sb.attention_distance(w), sb.attention_sparsity(w, keep)
+    h, d, s = (
+        sb.attention_entropy(w),
+        sb.attention_distance(w),
+        sb.attention_sparsity(w, keep),
+    )
     assert torch.isfinite(torch.stack([h, d, s])).all()
     assert 0 <= h <= math.log(S) + 1e-12
     assert 0 <= d <= max(L - 1, S - 1)
     assert 0 <= s <= 1
 
 
-# --- errors -------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fn", [sb.attention_entropy, sb.attention_distance, sb.attention_sparsity])
+
+@pytest.mark.parametrize(
+    "fn", [sb.attention_entropy, sb.attention_distance, sb.attention_sparsity]
+)
 def test_map_functions_reject_bad_weights(fn):
     with pytest.raises(TypeError, match="floating-point"):
         fn(torch.ones(3, 3, dtype=torch.long))
@@ -200,7 +221,7 @@ def test_map_functions_reject_bad_weights(fn):
         fn(torch.ones(3))
     with pytest.raises(ValueError, match="non-negative"):
         fn(torch.tensor([[0.5, -0.5]]))
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"torch.Tensor"):
         fn([[1.0]])
 
 
@@ -214,3 +235,8 @@ def test_distance_and_sparsity_argument_errors():
         sb.attention_sparsity(w, torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="threshold"):
         sb.attention_sparsity(w, threshold=-0.1)
+    with pytest.raises(ValueError, match="threshold"):
+        sb.attention_sparsity(w, threshold=float("nan"))
+    for wrong_type in ("x", None, True):  # a wrong type is a TypeError
+        with pytest.raises(TypeError, match="threshold must be a real number"):
+            sb.attention_sparsity(w, threshold=wrong_type)

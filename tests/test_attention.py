@@ -1,4 +1,6 @@
-"""Tests for softmaxbook.attention: scaled_dot_product_attention against torch and NumPy."""
+"""Tests for softmaxbook.attention: scaled_dot_product_attention against torch and
+NumPy."""
+
 from __future__ import annotations
 
 import math
@@ -14,12 +16,17 @@ import softmaxbook as sb
 from softmaxbook import reference
 from softmaxbook.attention import NORMALIZERS
 
-TORCH_ZEROS_EMPTY_ROWS = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+TORCH_ZEROS_EMPTY_ROWS = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (
+    2,
+    5,
+)
 
 
 def _qkv(seed, q_shape, k_shape, v_shape, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(s, generator=g, dtype=dtype) for s in (q_shape, k_shape, v_shape))
+    return tuple(
+        torch.randn(s, generator=g, dtype=dtype) for s in (q_shape, k_shape, v_shape)
+    )
 
 
 def _numpy_attention(q, k, v, mask=None, scale=None):
@@ -32,10 +39,13 @@ def _numpy_attention(q, k, v, mask=None, scale=None):
     return weights @ v, weights
 
 
-# --- agreement with torch ----------------------------------------------------------------
+# --- agreement with torch -------------------------------------------------------------
 
 SHAPES = [  # (batch, L, S, D, Dv)
-    ((), 4, 4, 8, 8), ((2,), 3, 5, 4, 6), ((2, 3), 5, 3, 8, 2), ((1, 2), 1, 7, 16, 4),
+    ((), 4, 4, 8, 8),
+    ((2,), 3, 5, 4, 6),
+    ((2, 3), 5, 3, 8, 2),
+    ((1, 2), 1, 7, 16, 4),
     ((2, 2), 6, 1, 3, 3),
 ]
 
@@ -56,8 +66,13 @@ def test_matches_torch_without_mask(batch, L, S, D, Dv, dtype, causal):
 def test_matches_torch_with_boolean_mask(mask_shape, L, S, dtype):
     B, H, D, Dv = 2, 3, 8, 5
     q, k, v = _qkv(1, (B, H, L, D), (B, H, S, D), (B, H, S, Dv), dtype)
-    shape = {"LS": (L, S), "B11S": (B, 1, 1, S), "BHLS": (B, H, L, S), "1S": (1, S),
-             "B1LS": (B, 1, L, S)}[mask_shape]
+    shape = {
+        "LS": (L, S),
+        "B11S": (B, 1, 1, S),
+        "BHLS": (B, H, L, S),
+        "1S": (1, S),
+        "B1LS": (B, 1, L, S),
+    }[mask_shape]
     g = torch.Generator().manual_seed(2)
     mask = torch.rand(shape, generator=g) < 0.7
     mask[..., 0] = True  # one key everywhere; fully masked rows are tested separately
@@ -71,15 +86,18 @@ def test_matches_torch_with_scale(scale):
     q, k, v = _qkv(3, (2, 4, 6), (2, 5, 6), (2, 5, 3))
     mask = sb.causal_mask(4, 5)
     got = sb.scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                                   scale=scale))
+    torch.testing.assert_close(
+        got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    )
 
 
 def test_batch_dimensions_broadcast_like_matmul():
     q, _, _ = _qkv(4, (2, 3, 4, 8), (1,), (1,))
     _, k, v = _qkv(5, (1,), (3, 6, 8), (3, 6, 5))  # no batch dim: shared by every batch
     got = sb.scaled_dot_product_attention(q, k, v)
-    expected = F.scaled_dot_product_attention(q, k.expand(2, 3, 6, 8), v.expand(2, 3, 6, 5))
+    expected = F.scaled_dot_product_attention(
+        q, k.expand(2, 3, 6, 8), v.expand(2, 3, 6, 5)
+    )
     torch.testing.assert_close(got, expected)
     assert got.shape == (2, 3, 4, 5)
 
@@ -87,12 +105,18 @@ def test_batch_dimensions_broadcast_like_matmul():
 def test_causal_and_padding_batch_matches_torch():
     B, H, L, D = 2, 2, 5, 4
     q, k, v = _qkv(6, (B, H, L, D), (B, H, L, D), (B, H, L, D))
-    mask = sb.causal_mask(L) & sb.padding_mask([5, 3], L)[:, None, None, :]  # (B, 1, L, L)
+    mask = (
+        sb.causal_mask(L) & sb.padding_mask([5, 3], L)[:, None, None, :]
+    )  # (B, 1, L, L)
     got = sb.scaled_dot_product_attention(q, k, v, mask=mask)
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(
+        got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    )
 
 
-@pytest.mark.skipif(not TORCH_ZEROS_EMPTY_ROWS, reason="torch < 2.5 returns nan for empty rows")
+@pytest.mark.skipif(
+    not TORCH_ZEROS_EMPTY_ROWS, reason="torch < 2.5 returns nan for empty rows"
+)
 def test_fully_masked_rows_agree_with_torch():
     # torch >= 2.5 (math backend, and the default on CPU) gives zeros for a query
     # with nothing to attend, as the library does; checked forward and backward.
@@ -106,7 +130,9 @@ def test_fully_masked_rows_agree_with_torch():
     expected = F.scaled_dot_product_attention(*theirs, attn_mask=mask)
     torch.testing.assert_close(out, expected)
     assert (out[0, 1, 2] == 0).all() and (out[1, :, 0] == 0).all()
-    w = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(9))
+    w = torch.randn(
+        out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(9)
+    )
     (out * w).sum().backward()
     (expected * w).sum().backward()
     for a, b in zip(ours, theirs):
@@ -114,14 +140,17 @@ def test_fully_masked_rows_agree_with_torch():
         torch.testing.assert_close(a.grad, b.grad)
 
 
-# --- agreement with the NumPy reference --------------------------------------------------
+# --- agreement with the NumPy reference -----------------------------------------------
+
 
 @pytest.mark.parametrize("L, S", [(4, 4), (3, 6), (6, 3)])
 def test_matches_numpy_reference_including_empty_rows(L, S):
     q, k, v = _qkv(10, (2, L, 5), (2, S, 5), (2, S, 4))
     mask = torch.rand(2, L, S, generator=torch.Generator().manual_seed(11)) < 0.5
     mask[1, 0] = False
-    out, weights = sb.scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    out, weights = sb.scaled_dot_product_attention(
+        q, k, v, mask=mask, return_weights=True
+    )
     ref_out, ref_weights = _numpy_attention(q, k, v, mask)
     np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(out.numpy(), ref_out, rtol=1e-12, atol=1e-14)
@@ -131,7 +160,9 @@ def test_return_weights():
     q, k, v = _qkv(12, (3, 4, 8), (3, 5, 8), (3, 5, 2))
     mask = torch.ones(3, 4, 5, dtype=torch.bool)
     mask[2, 1] = False
-    out, weights = sb.scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    out, weights = sb.scaled_dot_product_attention(
+        q, k, v, mask=mask, return_weights=True
+    )
     assert weights.shape == (3, 4, 5)
     torch.testing.assert_close(out, weights @ v)
     torch.testing.assert_close(out, sb.scaled_dot_product_attention(q, k, v, mask=mask))
@@ -140,16 +171,24 @@ def test_return_weights():
     torch.testing.assert_close(sums[mask.any(-1)], torch.ones_like(sums[mask.any(-1)]))
 
 
-# --- properties --------------------------------------------------------------------------
+# --- properties -----------------------------------------------------------------------
+
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), L=st.integers(1, 6), S=st.integers(1, 6),
-       D=st.integers(1, 5), p_keep=st.floats(0.0, 1.0))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    L=st.integers(1, 6),
+    S=st.integers(1, 6),
+    D=st.integers(1, 5),
+    p_keep=st.floats(0.0, 1.0),
+)
 def test_attention_properties(seed, L, S, D, p_keep):
     q, k, v = _qkv(seed, (2, L, D), (2, S, D), (2, S, 3))
     g = torch.Generator().manual_seed(seed + 1)
     mask = torch.rand(2, L, S, generator=g) < p_keep
-    out, weights = sb.scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    out, weights = sb.scaled_dot_product_attention(
+        q, k, v, mask=mask, return_weights=True
+    )
     assert torch.isfinite(out).all()
     assert (weights[~mask.expand_as(weights)] == 0).all()
     sums = weights.sum(-1)
@@ -165,7 +204,8 @@ def test_attention_properties(seed, L, S, D, p_keep):
     assert torch.equal(out2, out)
 
 
-# --- normalizers -------------------------------------------------------------------------
+# --- normalizers ----------------------------------------------------------------------
+
 
 def test_normalizer_by_name_and_callable_agree():
     q, k, v = _qkv(13, (2, 4, 8), (2, 6, 8), (2, 6, 3))
@@ -174,7 +214,8 @@ def test_normalizer_by_name_and_callable_agree():
     named = sb.scaled_dot_product_attention(q, k, v, mask=mask, normalizer="softmax")
     for f in (torch.softmax, lambda s, dim=-1: torch.softmax(s, dim=dim), sb.softmax):
         torch.testing.assert_close(
-            sb.scaled_dot_product_attention(q, k, v, mask=mask, normalizer=f), named)
+            sb.scaled_dot_product_attention(q, k, v, mask=mask, normalizer=f), named
+        )
 
 
 def _relu_normalize(s, dim=-1):
@@ -182,7 +223,9 @@ def _relu_normalize(s, dim=-1):
     return r / r.sum(dim, keepdim=True).clamp_min(1e-12)
 
 
-@pytest.mark.parametrize("normalizer", [torch.sigmoid, _relu_normalize, "all-registered"])
+@pytest.mark.parametrize(
+    "normalizer", [torch.sigmoid, _relu_normalize, "all-registered"]
+)
 def test_generic_normalizers_masked_path(normalizer):
     names = sorted(NORMALIZERS) if normalizer == "all-registered" else [normalizer]
     q, k, v = _qkv(15, (2, 4, 6), (2, 5, 6), (2, 5, 3))
@@ -191,8 +234,9 @@ def test_generic_normalizers_masked_path(normalizer):
     for norm in names:
         f = (lambda s, dim=-1: torch.sigmoid(s)) if norm is torch.sigmoid else norm
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out, w = sb.scaled_dot_product_attention(*leaves, mask=mask, normalizer=f,
-                                                 return_weights=True)
+        out, w = sb.scaled_dot_product_attention(
+            *leaves, mask=mask, normalizer=f, return_weights=True
+        )
         assert (w[~mask] == 0).all(), norm
         assert (w[1, 2] == 0).all() and (out[1, 2] == 0).all(), norm
         out.sum().backward()
@@ -206,20 +250,23 @@ def test_generic_normalizer_gradcheck_with_empty_row():
     mask[2, :3] = False
 
     def f(q, k, v):
-        return sb.scaled_dot_product_attention(q, k, v, mask=mask,
-                                               normalizer=lambda s, dim=-1: torch.sigmoid(s))
+        return sb.scaled_dot_product_attention(
+            q, k, v, mask=mask, normalizer=lambda s, dim=-1: torch.sigmoid(s)
+        )
 
     assert torch.autograd.gradcheck(f, tuple(t.requires_grad_() for t in (q, k, v)))
 
 
 def test_generic_normalizer_without_mask():
     q, k, v = _qkv(18, (4, 3), (6, 3), (6, 2))
-    out, w = sb.scaled_dot_product_attention(q, k, v, normalizer=_relu_normalize,
-                                             return_weights=True)
+    _out, w = sb.scaled_dot_product_attention(
+        q, k, v, normalizer=_relu_normalize, return_weights=True
+    )
     torch.testing.assert_close(w, _relu_normalize(q @ k.T / math.sqrt(3)))
 
 
-# --- gradients ---------------------------------------------------------------------------
+# --- gradients ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_gradcheck_with_fully_masked_row(is_causal):
@@ -237,7 +284,8 @@ def test_gradcheck_with_fully_masked_row(is_causal):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
-# --- dtypes and extreme inputs -----------------------------------------------------------
+# --- dtypes and extreme inputs --------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
 def test_low_precision_close_to_float32(dtype, atol):
@@ -246,7 +294,9 @@ def test_low_precision_close_to_float32(dtype, atol):
     mask = mask.expand(2, 2, 6, 8).clone()
     mask[1, 0, 3] = False
     expected = sb.scaled_dot_product_attention(q, k, v, mask=mask)
-    got = sb.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask=mask)
+    got = sb.scaled_dot_product_attention(
+        q.to(dtype), k.to(dtype), v.to(dtype), mask=mask
+    )
     assert got.dtype == dtype and not torch.isnan(got).any()
     torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
     assert (got[1, 0, 3] == 0).all()
@@ -289,14 +339,15 @@ def test_empty_and_size_one_dims():
     assert sb.scaled_dot_product_attention(q, k, v).shape == (0, 3, 5)
 
 
-# --- errors ------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------
+
 
 def test_errors():
     q, k, v = _qkv(24, (2, 3, 4), (2, 5, 4), (2, 5, 6))
     attn = sb.scaled_dot_product_attention
     with pytest.raises(TypeError, match="q must be a floating-point tensor"):
         attn(q.long(), k, v)
-    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"v must be a torch.Tensor"):
         attn(q, k, v.numpy())
     with pytest.raises(TypeError, match="share a dtype"):
         attn(q, k.float(), v)
@@ -306,7 +357,7 @@ def test_errors():
         attn(q, k[..., :3], v)
     with pytest.raises(ValueError, match="same length S"):
         attn(q, k, v[:, :4])
-    with pytest.raises(ValueError, match="batch dimensions .* do not broadcast"):
+    with pytest.raises(ValueError, match=r"batch dimensions .* do not broadcast"):
         attn(q, torch.cat([k, k, k]), torch.cat([v, v, v]))
     with pytest.raises(ValueError, match="not both"):
         attn(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool), is_causal=True)
@@ -329,5 +380,10 @@ def test_errors():
     with pytest.raises(ValueError, match="must return weights of the scores' shape"):
         attn(q, k, v, normalizer=lambda s, dim=-1: s.sum(dim))
     with pytest.raises(ValueError, match="must return weights of the scores' shape"):
-        attn(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool),
-             normalizer=lambda s, dim=-1: s[..., :1])
+        attn(
+            q,
+            k,
+            v,
+            mask=torch.ones(3, 5, dtype=torch.bool),
+            normalizer=lambda s, dim=-1: s[..., :1],
+        )

@@ -1,4 +1,5 @@
-"""Tests of softmaxbook.device: get_device and the dispatch report explain_dispatch."""
+"""Tests of softmaxbook.device: get_device, its order and its overrides."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,17 @@ def test_environment_variable_overrides(monkeypatch):
     assert sb.get_device() == torch.device("cpu")
     monkeypatch.setenv(sb.DEVICE_ENV_VAR, "  cpu  ")
     assert sb.get_device() == torch.device("cpu")
-    monkeypatch.setenv(sb.DEVICE_ENV_VAR, "")  # empty means unset
-    assert sb.get_device().type in {"cpu", "cuda", "mps"}
+    monkeypatch.setenv(sb.DEVICE_ENV_VAR, "")  # empty means unset: the default order
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dev, "_mps_available", lambda: True)
+    assert sb.get_device() == torch.device("mps")
+
+
+def test_device_module_keeps_the_dispatch_names():
+    # explain_dispatch and friends moved to softmaxbook.kernels.dispatch; the old
+    # import path softmaxbook.device.<name> keeps working.
+    for name in ("explain_dispatch", "DispatchDecision", "triton_available"):
+        assert getattr(dev, name) is getattr(sb.kernels, name) is getattr(sb, name)
 
 
 def test_prefer_argument_wins_over_environment(monkeypatch):
@@ -75,67 +85,3 @@ def test_known_but_unsupported_device_type(monkeypatch):
     monkeypatch.setenv(sb.DEVICE_ENV_VAR, "meta")
     with pytest.raises(ValueError, match="is not supported"):
         sb.get_device()
-
-
-# ---------------------------------------------------------------- explain_dispatch
-
-
-def test_cpu_tensors_take_the_torch_path():
-    x = torch.randn(2, 3)
-    decision = sb.explain_dispatch("softmax", x)
-    assert decision == sb.DispatchDecision("softmax", "torch", decision.reason)
-    assert "CUDA devices only" in decision.reason and "on cpu" in decision.reason
-    assert str(decision).startswith("softmax -> torch: ")
-    q = torch.randn(1, 4, 8)
-    assert sb.explain_dispatch("flash_attention", q, q, q).path == "torch"
-
-
-def _facts(**overrides):
-    facts = dict(device_types={"cuda"}, dtypes={torch.float16}, needs_grad=False, width=64,
-                 have_triton=True)
-    facts.update(overrides)
-    return facts
-
-
-@pytest.mark.parametrize("op", ["softmax", "flash_attention"])
-def test_decision_rule_takes_triton_on_cuda(op):
-    assert dev._decide(op, **_facts()).path == "triton"
-
-
-@pytest.mark.parametrize("overrides,reason", [
-    (dict(device_types={"cuda", "cpu"}), "CUDA devices only"),
-    (dict(have_triton=False), "Triton is not installed"),
-    (dict(dtypes={torch.float64}), "not torch.float64"),
-    (dict(dtypes={torch.float16, torch.float32}), "different dtypes"),
-    (dict(needs_grad=True), "forward pass only"),
-])
-def test_decision_rule_falls_back_with_a_reason(overrides, reason):
-    decision = dev._decide("flash_attention", **_facts(**overrides))
-    assert decision.path == "torch" and reason in decision.reason
-
-
-def test_decision_rule_shape_limits():
-    wide = dev._decide("softmax", **_facts(width=dev.SOFTMAX_KERNEL_MAX_COLS + 1))
-    assert wide.path == "torch" and "exceed" in wide.reason
-    deep = dev._decide("flash_attention", **_facts(width=512))
-    assert deep.path == "torch" and "head dimension 512" in deep.reason
-
-
-def test_explain_dispatch_sees_autograd_and_triton(monkeypatch):
-    x = torch.randn(3, requires_grad=True)
-    monkeypatch.setattr(dev, "_decide", lambda op, **facts: facts)
-    assert sb.explain_dispatch("softmax", x)["needs_grad"] is True
-    with torch.no_grad():
-        assert sb.explain_dispatch("softmax", x)["needs_grad"] is False
-    monkeypatch.setattr(dev.importlib.util, "find_spec", lambda name: None)
-    assert sb.explain_dispatch("softmax", x)["have_triton"] is False
-    assert sb.triton_available() is False
-
-
-def test_explain_dispatch_bad_input():
-    with pytest.raises(ValueError, match="op='matmul' is unknown"):
-        sb.explain_dispatch("matmul", torch.ones(2))
-    with pytest.raises(ValueError, match="needs the tensors"):
-        sb.explain_dispatch("softmax")
-    with pytest.raises(TypeError, match="argument 1 must be a torch.Tensor"):
-        sb.explain_dispatch("softmax", [1.0, 2.0])

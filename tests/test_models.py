@@ -1,4 +1,6 @@
-"""softmaxbook.models: the recall task, the tiny transformer, and a short training run that learns."""
+"""softmaxbook.models: the recall task, the tiny transformer, and a short training run
+that learns."""
+
 from __future__ import annotations
 
 import math
@@ -19,11 +21,13 @@ def _model(**kw) -> sb.TinyTransformer:
     return sb.TinyTransformer(8, 9, **kw)
 
 
-# --- the task -------------------------------------------------------------------------------
+# --- the task -------------------------------------------------------------------------
+
 
 def test_recall_shapes_ranges_and_answer():
-    tokens, targets = sb.make_associative_recall(200, n_pairs=4, n_keys=6, n_values=5,
-                                                 generator=_gen())
+    tokens, targets = sb.make_associative_recall(
+        200, n_pairs=4, n_keys=6, n_values=5, generator=_gen()
+    )
     assert tokens.shape == (200, 9) and targets.shape == (200,)
     assert tokens.dtype == targets.dtype == torch.long
     keys, values, query = tokens[:, 0:8:2], tokens[:, 1:8:2], tokens[:, -1]
@@ -53,7 +57,8 @@ def test_recall_errors():
         sb.make_associative_recall(10, n_pairs=2.0)
 
 
-# --- the model ------------------------------------------------------------------------------
+# --- the model ------------------------------------------------------------------------
+
 
 def test_model_shapes():
     model = _model(n_layers=3)
@@ -87,17 +92,25 @@ def test_attention_layer_matches_torch_sdpa():
 def test_scale_and_temperature():
     assert _model().blocks[0].attn.score_scale == pytest.approx(1 / math.sqrt(8))
     assert _model(scale=1.0).blocks[0].attn.score_scale == 1.0
-    assert _model(temperature=0.1).blocks[0].attn.score_scale == pytest.approx(10 / math.sqrt(8))
+    assert _model(temperature=0.1).blocks[0].attn.score_scale == pytest.approx(
+        10 / math.sqrt(8)
+    )
     tokens = torch.randint(8, (16, 9), generator=_gen())
-    entropy = {t: sb.attention_entropy(_model(temperature=t)(tokens, return_weights=True)[1]).mean()
-               for t in (0.1, 1.0, 10.0)}
+    entropy = {
+        t: sb.attention_entropy(
+            _model(temperature=t)(tokens, return_weights=True)[1]
+        ).mean()
+        for t in (0.1, 1.0, 10.0)
+    }
     assert entropy[0.1] < entropy[1.0] < entropy[10.0]
 
 
 def test_init_gain_sharpens_attention():
     tokens = torch.randint(8, (16, 9), generator=_gen())
     flat = sb.attention_entropy(_model()(tokens, return_weights=True)[1]).mean()
-    sharp = sb.attention_entropy(_model(init_gain=3.0)(tokens, return_weights=True)[1]).mean()
+    sharp = sb.attention_entropy(
+        _model(init_gain=3.0)(tokens, return_weights=True)[1]
+    ).mean()
     assert sharp < flat
 
 
@@ -123,7 +136,9 @@ def test_every_named_normalizer_runs_forward_and_backward(name):
     assert torch.isfinite(logits).all() and torch.isfinite(w).all()
     assert (w >= 0).all() and (w[..., ~sb.causal_mask(9)] == 0).all()
     logits.sum().backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert all(
+        torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None
+    )
 
 
 def test_model_errors():
@@ -142,10 +157,12 @@ def test_model_errors():
         model(torch.zeros(2, 10, dtype=torch.long))
 
 
-# --- training and evaluation ------------------------------------------------------------------
+# --- training and evaluation ----------------------------------------------------------
+
 
 class _Oracle(torch.nn.Module):
-    """Puts a logit of 10 on the target: the answer at the last position is always right."""
+    """Puts a logit of 10 on the target: the answer at the last position is always
+    right."""
 
     def __init__(self, targets):
         super().__init__()
@@ -162,7 +179,9 @@ def test_evaluate_hand_case():
     targets = torch.tensor([1, 2, 3, 4])
     scores = sb.evaluate(_Oracle(targets), (tokens, targets))
     assert scores["accuracy"] == 1.0
-    assert scores["loss"] == pytest.approx(-math.log(math.exp(10) / (math.exp(10) + 7)), abs=1e-6)
+    assert scores["loss"] == pytest.approx(
+        -math.log(math.exp(10) / (math.exp(10) + 7)), abs=1e-6
+    )
     wrong = sb.evaluate(_Oracle(targets + 1), (tokens, targets))
     assert wrong["accuracy"] == 0.0
 
@@ -178,24 +197,42 @@ def test_evaluate_per_position_targets_ignore_minus_100():
 
 
 def _recall(n, seed):
-    return sb.make_associative_recall(n, n_pairs=2, n_keys=3, n_values=3, generator=_gen(seed))
+    return sb.make_associative_recall(
+        n, n_pairs=2, n_keys=3, n_values=3, generator=_gen(seed)
+    )
 
 
 def test_short_training_run_learns():
     torch.manual_seed(0)
     model = sb.TinyTransformer(6, 5, d_model=16, n_heads=2, generator=_gen(1))
-    history = sb.train(model, _recall(2000, 0), steps=120, batch_size=32, lr=1e-2, warmup=10,
-                       eval_data=_recall(500, 1), eval_every=60, generator=_gen(2))
+    history = sb.train(
+        model,
+        _recall(2000, 0),
+        steps=120,
+        batch_size=32,
+        lr=1e-2,
+        warmup=10,
+        eval_data=_recall(500, 1),
+        eval_every=60,
+        generator=_gen(2),
+    )
     assert history.steps == [0, 60, 120]
     assert history.eval_loss[-1] < 0.5 * history.eval_loss[0]
     assert history.eval_accuracy[-1] > 0.6  # chance is 1/3 for a guess among the values
-    assert history.entropy.shape == history.distance.shape == history.sparsity.shape == (3, 2, 2)
+    assert (
+        history.entropy.shape
+        == history.distance.shape
+        == history.sparsity.shape
+        == (3, 2, 2)
+    )
 
 
 def test_training_is_deterministic():
     def run():
         model = _model(d_model=16, n_heads=2)
-        data = sb.make_associative_recall(300, n_pairs=4, n_keys=4, n_values=4, generator=_gen())
+        data = sb.make_associative_recall(
+            300, n_pairs=4, n_keys=4, n_values=4, generator=_gen()
+        )
         history = sb.train(model, data, steps=20, eval_every=10, generator=_gen(5))
         return history, model
 
@@ -206,7 +243,9 @@ def test_training_is_deterministic():
 
 
 def test_train_prints_only_with_progress(capsys):
-    data = sb.make_associative_recall(50, n_pairs=4, n_keys=4, n_values=4, generator=_gen())
+    data = sb.make_associative_recall(
+        50, n_pairs=4, n_keys=4, n_values=4, generator=_gen()
+    )
     sb.train(_model(), data, steps=3, track_attention=False)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
@@ -218,7 +257,9 @@ def test_train_prints_only_with_progress(capsys):
 
 def test_train_errors():
     model = _model()
-    data = sb.make_associative_recall(10, n_pairs=4, n_keys=4, n_values=4, generator=_gen())
+    data = sb.make_associative_recall(
+        10, n_pairs=4, n_keys=4, n_values=4, generator=_gen()
+    )
     with pytest.raises(TypeError, match="pair"):
         sb.train(model, data[0])
     with pytest.raises(ValueError, match="targets"):
@@ -229,3 +270,18 @@ def test_train_errors():
         sb.train(model, data, lr=0.0)
     with pytest.raises(ValueError, match="warmup"):
         sb.train(model, data, warmup=-1)
+
+
+def test_train_argument_types_and_nan():
+    # A wrong type is a TypeError, a bad value a ValueError, and nan is never taken.
+    model = _model()
+    data = sb.make_associative_recall(
+        10, n_pairs=4, n_keys=4, n_values=4, generator=_gen()
+    )
+    with pytest.raises(TypeError, match="warmup must be an int"):
+        sb.train(model, data, steps=1, warmup=1.5)
+    for bad in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="weight_decay must be a finite number"):
+            sb.train(model, data, steps=1, weight_decay=bad)
+    with pytest.raises(TypeError, match="weight_decay must be a real number"):
+        sb.train(model, data, steps=1, weight_decay="0.1")

@@ -1,6 +1,9 @@
-"""The notebook helpers: one-line setup, and glued numbers rounded to what they can support."""
+"""The notebook helpers: one-line setup, and glued numbers rounded to what they can
+support."""
+
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -32,7 +35,9 @@ def test_rounded_keeps_significant_digits(value, digits, expected):
 def test_rounded_passes_exact_values_through():
     for value in (0, 26800, True, "v5", None, 0.0):
         assert _rounded(value) == value and type(_rounded(value)) is type(value)
-    assert math.isnan(_rounded(float("nan"))) and _rounded(float("-inf")) == float("-inf")
+    assert math.isnan(_rounded(float("nan"))) and _rounded(float("-inf")) == float(
+        "-inf"
+    )
 
 
 def test_rounded_converts_numpy_and_torch_scalars():
@@ -65,7 +70,9 @@ def test_glue_records_the_rounded_value(monkeypatch):
     recorded = {}
     import myst_nb
 
-    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: recorded.update({name: value}))
+    monkeypatch.setattr(
+        myst_nb, "glue", lambda name, value, display: recorded.update({name: value})
+    )
     sb.glue("ratio", 316.22776601683796)
     sb.glue("fine", 316.22776601683796, digits=6)
     sb.glue("count", 26800)
@@ -77,3 +84,50 @@ def test_setup_notebook_seeds_and_returns_a_device():
     a = torch.rand(3)
     sb.setup_notebook(seed=3)
     assert torch.equal(a, torch.rand(3)) and isinstance(device, torch.device)
+
+
+# ---------------------------------------------------------------- optional packages
+
+
+def _without(monkeypatch, *names):
+    """Pretend that the packages ``names`` are not installed."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name in names else find_spec(name, *args),
+    )
+
+
+def test_setup_notebook_names_a_missing_package_and_the_install_line(monkeypatch):
+    _without(monkeypatch, "entmax")
+    with pytest.raises(ImportError) as error:
+        sb.setup_notebook(seed=0, requires=("entmax", "torch"))
+    message = str(error.value)
+    assert "This notebook needs entmax, which is not installed" in message
+    assert 'pip install "softmaxbook[book]"' in message
+    assert error.value.name == "entmax"
+
+
+def test_setup_notebook_lists_every_missing_package(monkeypatch):
+    _without(monkeypatch, "entmax", "tqdm", "no_such_package")
+    with pytest.raises(ImportError, match="entmax and tqdm and no_such_package") as e:
+        sb.setup_notebook(requires=["entmax", "tqdm", "no_such_package"])
+    assert 'pip install "softmaxbook[book]" && pip install no_such_package' in str(
+        e.value
+    )
+
+
+def test_setup_notebook_with_installed_requirements_returns_the_device():
+    assert sb.setup_notebook(seed=0, requires=("numpy", "torch")) == sb.get_device()
+    assert sb.setup_notebook(seed=0, requires="numpy") == sb.get_device()  # one name
+    with pytest.raises(TypeError, match="names of packages"):
+        sb.setup_notebook(requires=(1,))
+
+
+def test_train_with_a_progress_bar_says_how_to_get_tqdm(monkeypatch):
+    _without(monkeypatch, "tqdm")
+    data = sb.make_associative_recall(8, n_pairs=2, n_keys=2, n_values=2)
+    model = sb.TinyTransformer(4, 5, d_model=8, n_heads=2, n_layers=1)
+    with pytest.raises(ImportError, match=r"train\(progress=True\) needs tqdm.*book"):
+        sb.train(model, data, steps=1, progress=True, track_attention=False)

@@ -1,4 +1,5 @@
 """The NumPy float64 references: the specification the torch code is tested against."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,11 @@ from hypothesis.extra.numpy import arrays
 
 from softmaxbook import reference as ref
 
-finite_rows = arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 12)),
-                     elements=st.floats(-50, 50))
+finite_rows = arrays(
+    np.float64,
+    st.tuples(st.integers(1, 6), st.integers(1, 12)),
+    elements=st.floats(-50, 50),
+)
 
 
 def softmax_by_hand(x):
@@ -23,7 +27,9 @@ def test_worked_example():
     x = [1.0, 0.5, 2.5, -0.1]
     np.testing.assert_allclose(ref.softmax(x), softmax_by_hand(x), rtol=1e-15)
     np.testing.assert_allclose(ref.naive_softmax(x), softmax_by_hand(x), rtol=1e-15)
-    np.testing.assert_allclose(ref.softmax(x).round(4), [0.1557, 0.0945, 0.6980, 0.0518])
+    np.testing.assert_allclose(
+        ref.softmax(x).round(4), [0.1557, 0.0945, 0.6980, 0.0518]
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,7 +78,9 @@ def test_logsumexp_and_log_softmax(x):
     m = x.max(-1)
     assert (m <= lse + 1e-12).all() and (lse <= m + np.log(x.shape[-1]) + 1e-12).all()
     np.testing.assert_allclose(ref.log_softmax(x), np.log(ref.softmax(x)), atol=1e-9)
-    np.testing.assert_allclose(ref.logsumexp(x, keepdims=True).shape, x.shape[:-1] + (1,))
+    np.testing.assert_allclose(
+        ref.logsumexp(x, keepdims=True).shape, x.shape[:-1] + (1,)
+    )
 
 
 def test_log_softmax_stays_finite_where_log_of_softmax_does_not():
@@ -86,22 +94,32 @@ def test_log_softmax_stays_finite_where_log_of_softmax_does_not():
 def test_online_softmax_matches_softmax(block_size):
     rng = np.random.default_rng(0)
     x = rng.normal(scale=20, size=(5, 11))
-    np.testing.assert_allclose(ref.online_softmax(x, block_size=block_size), ref.softmax(x), rtol=1e-12)
-    np.testing.assert_allclose(ref.online_softmax(x.T, axis=0, block_size=block_size),
-                               ref.softmax(x.T, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(
+        ref.online_softmax(x, block_size=block_size), ref.softmax(x), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        ref.online_softmax(x.T, axis=0, block_size=block_size),
+        ref.softmax(x.T, axis=0),
+        rtol=1e-12,
+    )
 
 
 def test_online_softmax_infinities_and_errors():
-    np.testing.assert_array_equal(ref.online_softmax([-np.inf, -np.inf, -np.inf]), [0, 0, 0])
-    np.testing.assert_allclose(ref.online_softmax([-np.inf, 0.0, -np.inf, 0.0], block_size=1),
-                               [0, 0.5, 0, 0.5])
+    np.testing.assert_array_equal(
+        ref.online_softmax([-np.inf, -np.inf, -np.inf]), [0, 0, 0]
+    )
+    np.testing.assert_allclose(
+        ref.online_softmax([-np.inf, 0.0, -np.inf, 0.0], block_size=1), [0, 0.5, 0, 0.5]
+    )
     with pytest.raises(ValueError, match="block_size"):
         ref.online_softmax([1.0], block_size=0)
 
 
 def test_sparsemax_projection():
     np.testing.assert_allclose(ref.sparsemax([1.0, 0.5, 2.5, -0.1]), [0, 0, 1, 0])
-    np.testing.assert_allclose(ref.sparsemax([1.0, 0.5, -1.0]), [0.75, 0.25, 0.0], atol=1e-12)
+    np.testing.assert_allclose(
+        ref.sparsemax([1.0, 0.5, -1.0]), [0.75, 0.25, 0.0], atol=1e-12
+    )
     rng = np.random.default_rng(1)
     x = rng.normal(size=(20, 7))
     p = ref.sparsemax(x)

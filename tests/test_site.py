@@ -1,21 +1,30 @@
 """The website as readers see it: every page opened in headless Chromium.
 
 The book is built once per session (``book_build``), ``_build/html`` is served
-on 127.0.0.1, and each page is opened at 1280 px. On every page: no JavaScript
-error, no failed request to the local server (a broken link, image, stylesheet
-or script), every image loaded, every formula typeset by MathJax (the site
-carries its own MathJax; nothing comes from the internet) with no raw TeX left
-in the text, and nothing wider than the page. A full-page screenshot of each
-page goes to ``_build/screenshots/<page>.png`` for review.
+on 127.0.0.1, and each page is opened twice: at 1280 px (a laptop) and at 390 px
+(a phone). On every page, at both widths: no JavaScript error, no failed request
+to the local server (a broken link, image, stylesheet or script), every image
+loaded, every formula typeset by MathJax (the site carries its own MathJax;
+nothing comes from the internet) with no raw TeX left in the text, and:
 
-Nothing may scroll sideways: at 1280 px a code cell holds 77 characters a line
-(74 inside an exercise or solution); a failure names the longest line.
+- the page never scrolls sideways, and nothing sticks out of the article: what
+  is wider than the screen (a code cell, a printed table, a formula, a table)
+  scrolls inside its own box;
+- code and printed outputs keep their line structure (never wrapped), and only
+  code, outputs, math and tables may scroll;
+- at 1280 px every code box (also in an exercise or a solution, opened) holds a
+  line of the project's line length, 88 columns (``[tool.ruff] line-length``):
+  code formatted by ruff shows without wrapping or scrolling.
+
+A full-page screenshot of each page at each width goes to
+``_build/screenshots/<page>@<width>.png`` for review.
 
 Needs Debian's Chromium (``apt-get install chromium``); Playwright drives it
 through ``executable_path``, so ``playwright install`` is never needed
 (``CHROMIUM=/path/to/chrome`` picks another build). Outside CI the tests skip
 when it is missing; under CI (``CI=true``) they fail.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,6 +32,7 @@ import http.server
 import os
 import re
 import threading
+import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -33,10 +43,23 @@ HTML = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
-WIDTH, HEIGHT = 1280, 900
+# A laptop, and a phone (the CSS width of most phones is 360 to 430 px).
+WIDTHS = (1280, 390)
+LAPTOP = 1280
+HEIGHT = 900
+# The one line length of the library and of the chapters' code cells.
+LINE_LENGTH = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"][
+    "line-length"
+]
 # Sphinx's own pages, next to the ones listed in _toc.yml.
 EXTRA_PAGES = ["genindex", "search", "py-modindex"]
 # Raw TeX that MathJax would have replaced: display and inline delimiters, environments,
@@ -56,9 +79,12 @@ pytestmark = pytest.mark.slow
 
 
 def _pages() -> list[str]:
-    """Every page of the book: _toc.yml's entries, then Sphinx's index and search pages."""
+    """Every page of the book: _toc.yml's entries, then Sphinx's index and search
+    pages."""
     toc = (ROOT / "_toc.yml").read_text()
-    entries = re.findall(r"^\s*(?:root|-?\s*file):\s*(\S+?)(?:\.md|\.ipynb)?\s*$", toc, re.MULTILINE)
+    entries = re.findall(
+        r"^\s*(?:root|-?\s*file):\s*(\S+?)(?:\.md|\.ipynb)?\s*$", toc, re.MULTILINE
+    )
     return ["index", *entries, *EXTRA_PAGES]
 
 
@@ -66,7 +92,7 @@ PAGES = _pages()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 (the signature of the base class)
+    def log_message(self, format, *args):
         pass
 
 
@@ -74,8 +100,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def site(book_build):
     """The built site served on a free port of 127.0.0.1; yields its base URL."""
     if not (HTML / "index.html").exists():
-        pytest.fail("the book did not build (see test_book.py):\n"
-                    + (book_build.stdout + book_build.stderr)[-3000:])
+        pytest.fail(
+            "the book did not build (see test_book.py):\n"
+            + (book_build.stdout + book_build.stderr)[-3000:]
+        )
     handler = functools.partial(_QuietHandler, directory=str(HTML))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -88,14 +116,19 @@ def site(book_build):
 @pytest.fixture(scope="session")
 def browser():
     if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: install Debian's Chromium with `apt-get install chromium`"
+        message = (
+            f"{CHROMIUM} not found: install Debian's Chromium with "
+            "`apt-get install chromium`"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
         yield chromium
         chromium.close()
 
@@ -103,15 +136,18 @@ def browser():
 class _Visit:
     """One page opened in a fresh browser context, with everything that went wrong."""
 
-    def __init__(self, browser, base: str, page: str):
+    def __init__(self, browser, base: str, page: str, width: int):
         self.base = base
         self.problems: list[str] = []
-        self.context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
-        # No internet here or in CI: requests to other hosts are aborted, and not failures.
+        self.context = browser.new_context(viewport={"width": width, "height": HEIGHT})
+        # No internet here or in CI: requests to other hosts are aborted, not failures.
         self.context.route("**/*", self._route)
         self.page = self.context.new_page()
         self.page.set_default_timeout(30_000)
-        self.page.on("pageerror", lambda error: self.problems.append(f"JavaScript error: {error}"))
+        self.page.on(
+            "pageerror",
+            lambda error: self.problems.append(f"JavaScript error: {error}"),
+        )
         self.page.on("console", self._console)
         self.page.on("requestfailed", self._request_failed)
         self.page.on("response", self._response)
@@ -121,14 +157,17 @@ class _Visit:
         return url.startswith(self.base + "/") or url == self.base
 
     def _route(self, route):
-        if self._local(route.request.url) or urlsplit(route.request.url).scheme in ("data", "blob"):
+        if self._local(route.request.url) or urlsplit(route.request.url).scheme in (
+            "data",
+            "blob",
+        ):
             route.continue_()
         else:
             route.abort()
 
     def _console(self, message):
         url = (message.location or {}).get("url", "")
-        # Aborted requests to other hosts log "Failed to load resource" with that host's URL.
+        # Aborted requests to other hosts log "Failed to load resource" with their URL.
         if message.type == "error" and (not url or self._local(url)):
             self.problems.append(f"console error: {message.text} ({url})")
 
@@ -144,22 +183,26 @@ class _Visit:
         self.context.close()
 
 
-# Everything checked inside the page, in one round trip: MathJax, images, raw TeX, widths.
+# Everything checked inside the page, in one round trip: MathJax, images, TeX, widths.
 _INSPECT = r"""
-async () => {
-  const article = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
-  const mathjax = window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null;
+async ([lineLength, checkColumns]) => {
+  const article = document.querySelector("article.bd-article")
+      || document.querySelector("main") || document.body;
+  const startup = window.MathJax && window.MathJax.startup;
+  const mathjax = startup ? startup.promise : null;
   const hasMath = document.querySelector(".math") !== null;
   let mathjaxLoaded = false;
   if (mathjax) { await mathjax; mathjaxLoaded = true; }
   // Images below the fold may be lazy: load them all, then wait for each.
   const images = [...document.images];
   images.forEach(img => { img.loading = "eager"; });
-  await Promise.all(images.map(img => img.complete ? null :
-      new Promise(done => { img.addEventListener("load", done); img.addEventListener("error", done);
-                            setTimeout(done, 10000); })));
+  await Promise.all(images.map(img => img.complete ? null : new Promise(done => {
+    img.addEventListener("load", done);
+    img.addEventListener("error", done);
+    setTimeout(done, 10000);
+  })));
   const brokenImages = images.filter(img => !(img.complete && img.naturalWidth > 0))
-                             .map(img => img.getAttribute("src"));
+      .map(img => img.getAttribute("src"));
   // Formulas MathJax left untypeset, or typeset as an error (bad TeX).
   const untypeset = [...document.querySelectorAll(".math")]
       .filter(el => !el.closest("pre, code") && !el.querySelector("mjx-container"))
@@ -167,23 +210,32 @@ async () => {
   const mathErrors = [...document.querySelectorAll("mjx-merror")]
       .map(el => (el.getAttribute("data-mjx-error") || el.textContent).slice(0, 80));
   // Text a reader sees, less code and typeset math.
-  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT, {acceptNode: node =>
-      node.parentElement.closest("pre, code, script, style, textarea, mjx-container, .highlight")
-        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+  const hidden = "pre, code, script, style, textarea, mjx-container, .highlight";
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT, {
+    acceptNode: node => node.parentElement.closest(hidden)
+        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT,
+  });
   const texts = [];
   while (walker.nextNode()) texts.push(walker.currentNode.textContent);
-  // Nothing wider than the page: the page does not scroll sideways, and no code cell,
-  // output, table, figure or formula is cut off or needs its own horizontal scrollbar.
-  const right = article.getBoundingClientRect().right;
+  // Open the dropdowns (the solutions of the exercises): their code is checked too.
+  document.querySelectorAll("details").forEach(details => { details.open = true; });
+  document.querySelectorAll("button.toggle-button").forEach(button => button.click());
+  await new Promise(done => setTimeout(done, 300));
+  // Nothing sticks out of the article: what is wider scrolls inside its own box.
+  const right = Math.min(article.getBoundingClientRect().right, window.innerWidth);
   const canvas = document.createElement("canvas").getContext("2d");
+  const columns = pre => {  // how many characters of the code font fit on a line
+    const style = getComputedStyle(pre);
+    canvas.font = `${style.fontSize} ${style.fontFamily}`;
+    const padding = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+    return Math.floor((pre.clientWidth - padding) / canvas.measureText("m").width);
+  };
   const describe = el => {
     if (el.tagName === "PRE") {  // name the longest line, and how many characters fit
-      const style = getComputedStyle(el);
-      canvas.font = `${style.fontSize} ${style.fontFamily}`;
-      const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-      const fit = Math.floor(room / canvas.measureText("m").width);
-      const longest = el.textContent.split("\n").reduce((a, b) => b.length > a.length ? b : a, "");
-      return `a line of ${longest.length} characters where ${fit} fit: ${JSON.stringify(longest.trim().slice(0, 70))}`;
+      const longest = el.textContent.split("\n")
+          .reduce((a, b) => b.length > a.length ? b : a, "");
+      return `a line of ${longest.length} characters where ${columns(el)} fit: `
+          + JSON.stringify(longest.trim().slice(0, 70));
     }
     let text = el.textContent;
     try {  // a formula: its TeX source
@@ -191,23 +243,58 @@ async () => {
     } catch (error) {}
     return JSON.stringify(text.trim().split("\n")[0].slice(0, 70));
   };
-  const wide = [];
-  const selector = "pre, div.cell_input, div.cell_output, div.output, table, img, figure, div.math, mjx-container";
-  for (const el of article.querySelectorAll(selector)) {
+  const scrollsX = el => ["auto", "scroll", "hidden"]
+      .includes(getComputedStyle(el).overflowX);
+  const insideScroller = el => {
+    for (let up = el.parentElement; up && up !== article; up = up.parentElement) {
+      if (scrollsX(up)) return true;
+    }
+    return false;
+  };
+  const name = el => el.tagName.toLowerCase()
+      + (el.classList.length ? "." + el.classList[0] : "");
+  const sticksOut = [], scrolling = [], wrapped = [], narrow = [], mathFixed = [];
+  const mayScroll = "pre, div.math, mjx-container, table, div.highlight";
+  for (const el of article.querySelectorAll("*")) {
     const box = el.getBoundingClientRect();
-    if (box.width === 0) continue;  // not rendered (a closed dropdown)
-    const overflow = el.scrollWidth - el.clientWidth;
-    const scrolls = overflow > 1 && getComputedStyle(el).overflowX !== "visible";
-    if (scrolls || box.right > right + 1 || (overflow > 1 && el.tagName === "PRE")) {
-      wide.push(`${el.tagName.toLowerCase()} ${Math.round(Math.max(el.scrollWidth, box.width))} px ` +
-                `wide in ${Math.round(el.clientWidth)} px, ${describe(el)}`);
+    if (box.width === 0 || getComputedStyle(el).visibility === "hidden") continue;
+    const parent = el.parentElement;
+    const parentOut = parent !== article
+        && parent.getBoundingClientRect().right > right + 1;
+    if (box.right > right + 1 && !insideScroller(el) && !parentOut) {
+      sticksOut.push(`${name(el)} ends ${Math.round(box.right - right)} px past the `
+          + `edge: ${describe(el)}`);
+    }
+    // Only code, outputs, formulas and tables may scroll sideways.
+    if (scrollsX(el) && el.scrollWidth > el.clientWidth + 1 && !el.matches(mayScroll)) {
+      scrolling.push(`${name(el)} scrolls sideways: ${describe(el)}`);
     }
   }
-  const links = [...document.querySelectorAll("a[href]")].map(a => a.getAttribute("href"));
+  for (const pre of article.querySelectorAll("pre")) {
+    if (pre.getBoundingClientRect().width === 0) continue;
+    const whiteSpace = getComputedStyle(pre).whiteSpace;
+    if (whiteSpace !== "pre") {
+      wrapped.push(`${describe(pre)} (white-space: ${whiteSpace})`);
+    }
+    if (checkColumns && columns(pre) < lineLength) {
+      const box = pre.closest("div.cell_input, div.cell_output, div.highlight") || pre;
+      narrow.push(`${name(box)} holds ${columns(pre)} columns, not ${lineLength}`);
+    }
+  }
+  const displayMath = "div.math, mjx-container[display='true']";
+  for (const math of article.querySelectorAll(displayMath)) {
+    if (math.getBoundingClientRect().width > 0 && !scrollsX(math)) {
+      mathFixed.push(`display math that cannot scroll: ${describe(math)}`);
+    }
+  }
+  const codeBoxes = [...article.querySelectorAll("pre")]
+      .filter(pre => pre.getBoundingClientRect().width > 0).length;
+  const links = [...document.querySelectorAll("a[href]")]
+      .map(a => a.getAttribute("href"));
   return {
     links,
     title: document.title, hasMath, mathjaxLoaded, brokenImages, untypeset, mathErrors,
-    text: texts.join(" "), wide,
+    text: texts.join(" "), sticksOut, scrolling, wrapped, narrow, mathFixed, codeBoxes,
     containers: document.querySelectorAll("mjx-container").length,
     pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
   };
@@ -217,52 +304,88 @@ async () => {
 
 def _capped(problems: list[str], limit: int = 10) -> list[str]:
     """The first ``limit`` problems of one kind, and how many more there are."""
-    return problems[:limit] + ([f"... and {len(problems) - limit} more like these"] if len(problems) > limit else [])
+    return problems[:limit] + (
+        [f"... and {len(problems) - limit} more like these"]
+        if len(problems) > limit
+        else []
+    )
 
 
-def _check_page(browser, site, page):
-    visit = _Visit(browser, site, page)
+def _check_page(browser, site, page, width):
+    visit = _Visit(browser, site, page, width)
     try:
         response = visit.page.goto(visit.url, wait_until="load")
-        assert response is not None and response.ok, f"{visit.url}: {response and response.status}"
-        if page == "index":  # the site's root only redirects to the preface, checked on its own
+        assert response is not None and response.ok, (
+            f"{visit.url}: {response and response.status}"
+        )
+        if page == "index":  # the root only redirects to the preface, checked itself
             visit.page.wait_for_url(f"{site}/{PAGES[1]}.html")
             visit.page.wait_for_load_state("load")
             return {"title": visit.page.title()}, _capped(visit.problems)
-        result = visit.page.evaluate(_INSPECT)
-        shot = SCREENSHOTS / f"{page}.png"
+        result = visit.page.evaluate(_INSPECT, [LINE_LENGTH, width >= LAPTOP])
+        shot = SCREENSHOTS / f"{page}@{width}.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         visit.page.screenshot(path=str(shot), full_page=True)
     finally:
         visit.close()
     problems = _capped(visit.problems)
     if result["hasMath"] and not (result["mathjaxLoaded"] and result["containers"]):
-        problems.append("the page has math but MathJax did not load or typeset none of it")
+        problems.append("the page has math but MathJax did not load or typeset it")
     else:  # MathJax ran: then each formula, and the text, must show no TeX
-        problems += _capped([f"math not typeset: {tex!r}" for tex in result["untypeset"]])
-        problems += _capped([f"MathJax error: {error!r}" for error in result["mathErrors"]])
-        problems += _capped([f"raw TeX in the text: ...{result['text'][max(m.start() - 40, 0):m.end() + 40]!r}..."
-                             for m in RAW_TEX.finditer(result["text"])])
+        problems += _capped(
+            [f"math not typeset: {tex!r}" for tex in result["untypeset"]]
+        )
+        problems += _capped([f"MathJax error: {e!r}" for e in result["mathErrors"]])
+        text = result["text"]
+        around = [
+            text[max(m.start() - 40, 0) : m.end() + 40] for m in RAW_TEX.finditer(text)
+        ]
+        problems += _capped([f"raw TeX in the text: ...{part!r}" for part in around])
     problems += _capped([f"image not loaded: {src}" for src in result["brokenImages"]])
     if result["pageWidth"] > result["viewport"]:
-        problems.append(f"the page scrolls sideways: {result['pageWidth']} px in a {result['viewport']} px window")
-    problems += _capped([f"too wide: {item}" for item in result["wide"]], limit=30)
+        problems.append(
+            f"the page scrolls sideways: {result['pageWidth']} px in a "
+            f"{result['viewport']} px window"
+        )
+    problems += _capped([f"sticks out: {item}" for item in result["sticksOut"]], 30)
+    problems += _capped(result["scrolling"])
+    problems += _capped([f"wraps its lines: {item}" for item in result["wrapped"]])
+    problems += _capped([f"too narrow for code: {item}" for item in result["narrow"]])
+    problems += _capped(result["mathFixed"])
     if (ROOT / f"{page}.ipynb").exists():  # a chapter: launch it, download it, edit it
         for what, pattern in LAUNCH_LINKS.items():
             if not any(re.search(pattern, link) for link in result["links"]):
-                problems.append(f"no {what} link (launch_buttons / repository in _config.yml)")
+                problems.append(
+                    f"no {what} link (launch_buttons / repository in _config.yml)"
+                )
     return result, problems
 
 
 def test_every_built_page_is_checked(site):
     """No page escapes the browser test: each HTML file of the site is in PAGES."""
-    built = {str(path.relative_to(HTML).with_suffix("")) for path in HTML.rglob("*.html")
-             if not path.relative_to(HTML).parts[0].startswith("_")}
-    assert built - set(PAGES) == set(), "pages built but not checked (add them to _toc.yml or EXTRA_PAGES)"
+    built = {
+        str(path.relative_to(HTML).with_suffix(""))
+        for path in HTML.rglob("*.html")
+        if not path.relative_to(HTML).parts[0].startswith("_")
+    }
+    assert built - set(PAGES) == set(), (
+        "pages built but not checked (add them to _toc.yml or EXTRA_PAGES)"
+    )
     assert set(PAGES) - built == set(), "pages checked but not built"
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("page", PAGES)
-def test_page_reads_well(browser, site, page):
-    result, problems = _check_page(browser, site, page)
-    assert not problems, f"{page}.html ({result['title']}):\n  " + "\n  ".join(problems)
+def test_page_reads_well(browser, site, page, width):
+    result, problems = _check_page(browser, site, page, width)
+    assert not problems, (
+        f"{page}.html at {width} px ({result['title']}):\n  " + "\n  ".join(problems)
+    )
+
+
+def test_the_checks_see_the_code(browser, site):
+    # A check that finds nothing to check passes: make sure it measures code boxes, the
+    # solutions' among them, and that a box holds a line of the line length.
+    result, _ = _check_page(browser, site, "chapters/05_gradients", LAPTOP)
+    assert result["codeBoxes"] >= 20
+    assert 80 <= LINE_LENGTH <= 88

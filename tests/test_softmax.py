@@ -1,4 +1,6 @@
-"""softmaxbook.softmax, log_softmax, logsumexp: agreement, properties, extremes, errors."""
+"""softmaxbook.softmax, log_softmax, logsumexp: agreement, properties, extremes,
+errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +14,12 @@ from softmaxbook import reference as ref
 
 FLOAT_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 # Tolerance against the float64 softmax of the same (rounded) input.
-ATOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+ATOL = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-6,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1e-2,
+}
 
 
 def rows(shape=(4, 9), scale=5.0, dtype=torch.float64, seed=0):
@@ -30,19 +37,31 @@ def test_agrees_with_torch_and_reference(dtype, dim):
     torch.testing.assert_close(out.double(), exact, atol=ATOL[dtype], rtol=0)
     assert torch.equal(out, torch.softmax(x, dim=dim))
     log_exact = torch.from_numpy(ref.log_softmax(x.double().numpy(), axis=dim))
-    torch.testing.assert_close(sb.log_softmax(x, dim=dim).double(), log_exact,
-                               atol=ATOL[dtype] * 50, rtol=ATOL[dtype])
+    torch.testing.assert_close(
+        sb.log_softmax(x, dim=dim).double(),
+        log_exact,
+        atol=ATOL[dtype] * 50,
+        rtol=ATOL[dtype],
+    )
     lse_exact = torch.from_numpy(ref.logsumexp(x.double().numpy(), axis=dim))
-    torch.testing.assert_close(sb.logsumexp(x, dim=dim).double(), lse_exact,
-                               atol=ATOL[dtype] * 50, rtol=ATOL[dtype])
+    torch.testing.assert_close(
+        sb.logsumexp(x, dim=dim).double(),
+        lse_exact,
+        atol=ATOL[dtype] * 50,
+        rtol=ATOL[dtype],
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.1, 0.5, 1.0, 3.0, 100.0])
 def test_temperature_is_division_of_the_scores(temperature):
     x = rows()
-    torch.testing.assert_close(sb.softmax(x, temperature=temperature), torch.softmax(x / temperature, -1))
-    torch.testing.assert_close(sb.log_softmax(x, temperature=temperature),
-                               torch.log_softmax(x / temperature, -1))
+    torch.testing.assert_close(
+        sb.softmax(x, temperature=temperature), torch.softmax(x / temperature, -1)
+    )
+    torch.testing.assert_close(
+        sb.log_softmax(x, temperature=temperature),
+        torch.log_softmax(x / temperature, -1),
+    )
 
 
 def test_temperature_one_returns_torch_result_exactly():
@@ -92,12 +111,20 @@ def test_logsumexp_is_a_smooth_max(values):
 
 
 def test_extreme_inputs():
-    torch.testing.assert_close(sb.softmax(torch.tensor([1e4, -1e4])), torch.tensor([1.0, 0.0]))
-    torch.testing.assert_close(sb.softmax(torch.tensor([1e4, 1e4 - 1.0, 0.0])),
-                               torch.tensor([0.7310586, 0.2689414, 0.0]))
-    torch.testing.assert_close(sb.softmax(torch.tensor([0.0, float("-inf"), 0.0])),
-                               torch.tensor([0.5, 0.0, 0.5]))
-    assert torch.isnan(sb.softmax(torch.tensor([0.0, float("nan")]))).all()  # not hidden
+    torch.testing.assert_close(
+        sb.softmax(torch.tensor([1e4, -1e4])), torch.tensor([1.0, 0.0])
+    )
+    torch.testing.assert_close(
+        sb.softmax(torch.tensor([1e4, 1e4 - 1.0, 0.0])),
+        torch.tensor([0.7310586, 0.2689414, 0.0]),
+    )
+    torch.testing.assert_close(
+        sb.softmax(torch.tensor([0.0, float("-inf"), 0.0])),
+        torch.tensor([0.5, 0.0, 0.5]),
+    )
+    assert torch.isnan(
+        sb.softmax(torch.tensor([0.0, float("nan")]))
+    ).all()  # not hidden
     assert float(sb.logsumexp(torch.tensor([float("-inf")] * 3))) == float("-inf")
     out = sb.log_softmax(torch.tensor([0.0, -800.0]))
     assert torch.isfinite(out).all() and float(out[1]) == pytest.approx(-800.0)
@@ -109,13 +136,17 @@ def test_half_precision_large_logits(dtype):
     x = torch.tensor([12.0, 11.0, 10.0], dtype=dtype)
     s = sb.softmax(x)
     assert torch.isfinite(s).all()
-    torch.testing.assert_close(s.double(), torch.softmax(x.double(), -1), atol=ATOL[dtype], rtol=0)
+    torch.testing.assert_close(
+        s.double(), torch.softmax(x.double(), -1), atol=ATOL[dtype], rtol=0
+    )
 
 
 def test_empty_and_size_one_dims():
     assert sb.softmax(torch.empty(3, 0)).shape == (3, 0)
     assert sb.softmax(torch.empty(0, 4)).shape == (0, 4)
-    torch.testing.assert_close(sb.softmax(torch.tensor([[3.0], [-7.0]])), torch.ones(2, 1))
+    torch.testing.assert_close(
+        sb.softmax(torch.tensor([[3.0], [-7.0]])), torch.ones(2, 1)
+    )
     assert sb.softmax(torch.tensor(2.0)).item() == 1.0  # a 0-d tensor is one row of one
 
 
@@ -127,7 +158,7 @@ def test_gradients():
 
 
 def test_errors():
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
         sb.softmax([1.0, 2.0])
     with pytest.raises(TypeError, match="floating-point"):
         sb.softmax(torch.tensor([1, 2]))

@@ -11,6 +11,7 @@ tensor([0.1557, 0.0945, 0.6980, 0.0518])
 Every public name below is listed in the ``__all__`` of its module; this
 package re-exports them all, so ``sb.<name>`` works for each.
 """
+
 from . import (
     alternatives,
     analysis,
@@ -26,26 +27,28 @@ from . import (
     plotting,
     reference,
     sampling,
-    softmax as _softmax_module,
 )
-from .alternatives import *  # noqa: F401,F403
-from .analysis import *  # noqa: F401,F403
-from .attention import *  # noqa: F401,F403
-from .device import *  # noqa: F401,F403
-from .gradients import *  # noqa: F401,F403
-from .masking import *  # noqa: F401,F403
-from .models import *  # noqa: F401,F403
-from .notebook import *  # noqa: F401,F403
-from .online import *  # noqa: F401,F403
-from .plotting import *  # noqa: F401,F403
-from .sampling import *  # noqa: F401,F403
-from .softmax import *  # noqa: F401,F403
+from . import softmax as _softmax_module
+from .alternatives import *  # noqa: F403
+from .analysis import *  # noqa: F403
+from .attention import *  # noqa: F403
+from .device import *  # noqa: F403
+from .gradients import *  # noqa: F403
+from .kernels.dispatch import *  # noqa: F403
+from .masking import *  # noqa: F403
+from .models import *  # noqa: F403
+from .notebook import *  # noqa: F403
+from .online import *  # noqa: F403
+from .plotting import *  # noqa: F403
+from .sampling import *  # noqa: F403
+from .softmax import *  # noqa: F403
 
 __version__ = "0.1.0"
 
 #: The public API, by module. ``reference``, ``kernels`` and ``checks`` stay
 #: modules (``sb.reference.softmax``, ``sb.kernels.triton_softmax``,
-#: ``sb.checks.check_softmax``).
+#: ``sb.checks.check_softmax``); of ``kernels``, the dispatch report is also
+#: here (``sb.explain_dispatch``).
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
@@ -57,6 +60,7 @@ __all__ = [
     *analysis.__all__,
     *models.__all__,
     *device.__all__,
+    *kernels.dispatch.__all__,
     *notebook.__all__,
     *plotting.__all__,
     "reference",

@@ -11,6 +11,10 @@ Half-precision inputs (``float16``, ``bfloat16``) are computed in ``float32``
 and the result is cast back, so the thresholds are not found in 3 decimal
 digits.
 
+Each map is a ``torch.autograd.Function`` in the modern form (``forward``,
+``setup_context``, ``backward``) with a ``vmap`` rule, so it composes with
+``torch.func``: ``vmap``, ``grad``, ``jacrev``, per-sample gradients.
+
 Speed: sparsemax and 1.5-entmax find their threshold without a full sort.
 A few Newton steps on the threshold equation, started from a point known to
 lie below the threshold, bound the support from above; only the keys above
@@ -18,6 +22,7 @@ that bound are partially sorted (``torch.topk``), the exact sort-based
 formula runs on those, and any row whose support fills the candidates is
 redone with a full sort. The result is the exact (sort-based) solution.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,33 +51,58 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 def _apply(function, x: Tensor, dim: int, *args) -> Tensor:
-    """Run ``function`` (an autograd Function) along ``dim``; 0-d and empty inputs handled."""
+    """Run ``function`` (an autograd Function) along ``dim`` in the compute dtype.
+
+    Half-precision scores are upcast to float32 here, once, and the weights
+    rounded back at the end: the thresholds and sums are found in float32, and
+    the Functions below never see a 16-bit float. 0-d and empty inputs too.
+    """
     if x.dim() == 0:  # a single score is a row of length 1
         return _apply(function, x.unsqueeze(0), 0, *args).squeeze(0)
     if x.numel() == 0:
         return x * 0  # nothing to normalize; keeps the autograd graph
-    return function.apply(x, dim, *args)
+    return function.apply(x.to(_compute_dtype(x)), dim, *args).to(x.dtype)
+
+
+class _RowwiseFunction(torch.autograd.Function):
+    """An autograd Function that normalizes ``x`` along ``dim``, row by row.
+
+    ``forward(x, dim, *options)`` computes, ``setup_context`` saves what the
+    backward pass needs, and the ``vmap`` rule below lets ``torch.func.vmap``
+    (and so ``jacrev``, ``jacfwd`` of a batch, per-sample gradients) batch it:
+    a vmapped dimension is one more batch dimension, so the rule moves it to
+    the front and normalizes the same ``dim`` of every row at once.
+    """
+
+    @classmethod
+    def vmap(cls, info, in_dims, x, dim, *options):
+        if in_dims[0] is None:  # x is not batched: nothing to do but the call
+            return cls.apply(x, dim, *options), None
+        x = x.movedim(in_dims[0], 0)
+        return cls.apply(x, dim if dim < 0 else dim + 1, *options), 0
 
 
 # --------------------------------------------------------------------------------------
 # sparsemax and 1.5-entmax: exact thresholds with a partial sort
 # --------------------------------------------------------------------------------------
-# Both maps are p = g(z - t)_+ with z the scores shifted so that each row's maximum is 0,
-# g(r) = r for sparsemax and g(r) = (r/2)^2 for 1.5-entmax, and t the unique threshold
-# with sum_i g((z_i - t)_+) = 1.  (The 1.5-entmax threshold of Peters et al. is t / 2.)
-# The largest entry alone must not exceed 1, so t >= -1 (sparsemax) and t >= -2 (entmax).
+# Both maps are p = g(z - t)_+ with z the scores shifted so that each row's maximum
+# is 0, g(r) = r for sparsemax and g(r) = (r/2)^2 for 1.5-entmax, and t the unique
+# threshold with sum_i g((z_i - t)_+) = 1. (The 1.5-entmax threshold of Peters et al.
+# is t / 2.) The largest entry alone must not exceed 1, so t >= -1 for sparsemax and
+# t >= -2 for entmax.
 
 _T0 = {"sparsemax": -1.0, "entmax15": -2.0}
 # Newton steps before counting candidates: each costs a few passes over the scores and
 # shrinks the candidate set (and with it the partial sort) toward the support.
 _NEWTON_STEPS = {"sparsemax": 1, "entmax15": 2}
 # Candidates are counted slightly below the Newton iterate, which in exact arithmetic is
-# already below the threshold; the margin absorbs rounding (z is O(1) near the threshold).
+# already below the threshold; the margin absorbs rounding (z is O(1) there).
 _MARGIN = 1e-4
 
 
 def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
-    """Exact threshold from the k largest shifted scores ``v`` (R, k), sorted descending.
+    """Exact threshold from the k largest shifted scores ``v`` (R, k), sorted
+    descending.
 
     Returns ``(t, support_size)``, both (R, 1). If the support size equals k, the true
     support may be larger than the candidates and the row must be redone.
@@ -82,13 +112,15 @@ def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
     rho = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)  # (k,)
     csum = v.cumsum(-1)
     if kind == "sparsemax":
-        # Prefix j is in the support iff 1 + j v_j > sum_{i<=j} v_i (Martins & Astudillo).
+        # Prefix j is in the support iff 1 + j v_j > sum_{i<=j} v_i
+        # (Martins & Astudillo, 2016).
         support = valid & (1 + rho * v > csum)
         size = support.sum(-1, keepdim=True).clamp_min(1)
         t = (csum.gather(-1, size - 1) - 1) / size.to(v.dtype)
     else:
         # On a support of size j, sum_i ((v_i - t)/2)^2 = 1 is a quadratic in t whose
-        # relevant root is t/2 = mean - sqrt((1 - j * var) / j), with mean and var of v/2.
+        # relevant root is t/2 = mean - sqrt((1 - j * var) / j), with the mean and
+        # variance of v/2.
         y = v / 2
         mean = y.cumsum(-1) / rho
         mean_sq = (y * y).cumsum(-1) / rho
@@ -101,17 +133,22 @@ def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
 
 
 def _exact_threshold(z: Tensor, kind: str) -> Tensor:
-    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all -inf)."""
+    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all
+    -inf)."""
     n = z.shape[-1]
     t = torch.full((z.shape[0], 1), _T0[kind], dtype=z.dtype, device=z.device)
-    r = torch.empty_like(z)  # one scratch buffer, reused: large allocations cost page faults
+    r = torch.empty_like(
+        z
+    )  # one scratch buffer, reused: large allocations cost page faults
     for _ in range(_NEWTON_STEPS[kind]):
-        # Newton on the convex decreasing f(t) = sum g((z - t)_+) - 1 from the left of its
-        # root: each step stays left of the root and moves toward it.
+        # Newton on the convex decreasing f(t) = sum g((z - t)_+) - 1 from the left of
+        # its root: each step stays left of the root and moves toward it.
         torch.sub(z, t, out=r).clamp_min_(0)
         if kind == "sparsemax":
             f = r.sum(-1, keepdim=True) - 1
-            slope = torch.linalg.vector_norm(r, 0, dim=-1, keepdim=True)  # support count
+            slope = torch.linalg.vector_norm(
+                r, 0, dim=-1, keepdim=True
+            )  # support count
         else:
             f = torch.linalg.vector_norm(r, 2, dim=-1, keepdim=True).square() / 4 - 1
             slope = r.sum(-1, keepdim=True) / 2
@@ -138,13 +175,15 @@ def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
     n = shape[-1]
     m = xt.amax(-1, keepdim=True)  # (..., 1)
     finite = torch.isfinite(m)
-    # Shift each row's maximum to 0 (exact near the top: Sterbenz). z is a new buffer that
-    # becomes the output in place.
+    # Shift each row's maximum to 0 (exact near the top: Sterbenz). z is a new buffer
+    # that becomes the output in place.
     z = (xt - torch.where(finite, m, torch.zeros_like(m))).reshape(-1, n)  # (R, n)
     m, finite = m.reshape(-1, 1), finite.reshape(-1, 1)
     t = _exact_threshold(z, kind)
     # All -inf rows: t = +inf sends every entry to 0. A nan or +inf row stays nan.
-    t = torch.where(finite, t, torch.where(m == float("-inf"), float("inf"), float("nan")))
+    t = torch.where(
+        finite, t, torch.where(m == float("-inf"), float("inf"), float("nan"))
+    )
     z.sub_(t).clamp_min_(0)
     if kind == "entmax15":
         z.mul_(z).mul_(0.25)
@@ -152,43 +191,50 @@ def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
 
 
 def _support_backward(grad: Tensor, weight: Tensor, dim: int) -> Tensor:
-    r"""Vector-Jacobian product of :math:`J = \mathrm{diag}(w) - w w^\top / \sum_j w_j`."""
+    r"""Vector-Jacobian product of
+    :math:`J = \mathrm{diag}(w) - w w^\top / \sum_j w_j`."""
     wg = weight * grad
     total = weight.sum(dim, keepdim=True)
     # Rows with an empty support (all -inf) have w = 0 and get zero gradient, not 0/0.
-    q = wg.sum(dim, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
+    q = wg.sum(dim, keepdim=True) / torch.where(
+        total > 0, total, torch.ones_like(total)
+    )
     return wg - q * weight
 
 
-class _Sparsemax(torch.autograd.Function):
+class _Sparsemax(_RowwiseFunction):
     @staticmethod
-    def forward(ctx, x, dim):
-        p = _sparse_forward(x.to(_compute_dtype(x)), dim, "sparsemax")
-        ctx.save_for_backward(p)
-        ctx.dim = dim
-        return p.to(x.dtype)
+    def forward(x, dim):
+        return _sparse_forward(x, dim, "sparsemax")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
         support = (p > 0).to(p.dtype)
-        return _support_backward(grad.to(p.dtype), support, ctx.dim).to(grad.dtype), None
+        return _support_backward(grad, support, ctx.dim), None
 
 
-class _Entmax15(torch.autograd.Function):
+class _Entmax15(_RowwiseFunction):
     @staticmethod
-    def forward(ctx, x, dim):
-        p = _sparse_forward(x.to(_compute_dtype(x)), dim, "entmax15")
-        ctx.save_for_backward(p)
-        ctx.dim = dim
-        return p.to(x.dtype)
+    def forward(x, dim):
+        return _sparse_forward(x, dim, "entmax15")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        return _support_backward(grad.to(p.dtype), p.sqrt(), ctx.dim).to(grad.dtype), None
+        return _support_backward(grad, p.sqrt(), ctx.dim), None
 
 
 def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
@@ -238,7 +284,8 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
-    r"""1.5-entmax: :math:`p_i = [x_i/2 - \tau]_+^2`, with :math:`\tau` such that :math:`\sum_i p_i = 1`.
+    r"""1.5-entmax: :math:`p_i = [x_i/2 - \tau]_+^2`, with :math:`\tau` such that
+    :math:`\sum_i p_i = 1`.
 
     The :math:`\alpha = 1.5` member of the :math:`\alpha`-entmax family
     (Peters, Niculae & Martins, 2019): the maximizer of
@@ -285,16 +332,15 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-class _EntmaxBisect(torch.autograd.Function):
+class _EntmaxBisect(_RowwiseFunction):
     @staticmethod
-    def forward(ctx, x, dim, alpha, n_iter):
-        xc = x.to(_compute_dtype(x))
-        m = xc.amax(dim, keepdim=True)
+    def forward(x, dim, alpha, n_iter):
+        m = x.amax(dim, keepdim=True)
         finite = torch.isfinite(m)
-        z = (xc - torch.where(finite, m, torch.zeros_like(m))) * (alpha - 1)  # max 0
+        z = (x - torch.where(finite, m, torch.zeros_like(m))) * (alpha - 1)  # max 0
         n = x.shape[dim]
-        # p_i = [z_i - tau]_+^(1/(alpha-1)): tau = -1 gives the max entry weight 1 (sum >= 1),
-        # tau = -(1/n)^(alpha-1) gives every entry at most 1/n (sum <= 1).
+        # p_i = [z_i - tau]_+^(1/(alpha-1)): tau = -1 gives the max entry weight 1
+        # (sum >= 1), tau = -(1/n)^(alpha-1) gives every entry at most 1/n (sum <= 1).
         tau_lo = torch.full_like(m, -1.0)
         width = 1.0 - (1.0 / n) ** (alpha - 1)
         for _ in range(n_iter):
@@ -303,11 +349,14 @@ class _EntmaxBisect(torch.autograd.Function):
             p = (z - tau_mid).clamp_min(0) ** (1 / (alpha - 1))
             tau_lo = torch.where(p.sum(dim, keepdim=True) >= 1, tau_mid, tau_lo)
         total = p.sum(dim, keepdim=True)  # ~1; renormalize the last midpoint's weights
-        p = torch.where(total > 0, p / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
-        p = torch.where(torch.isnan(m) | (m == float("inf")), float("nan"), p)
-        ctx.save_for_backward(p)
-        ctx.alpha, ctx.dim = alpha, dim
-        return p.to(x.dtype)
+        safe = torch.where(total > 0, total, torch.ones_like(total))
+        p = torch.where(total > 0, p / safe, 0.0)
+        return torch.where(torch.isnan(m) | (m == float("inf")), float("nan"), p)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, ctx.dim, ctx.alpha, _ = inputs
+        ctx.save_for_backward(output)
 
     @staticmethod
     @once_differentiable
@@ -315,11 +364,14 @@ class _EntmaxBisect(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         # 1/g''(p) = p^(2 - alpha) on the support (Peters et al., 2019, Prop. 1).
         s = torch.where(p > 0, p.clamp_min(0) ** (2 - ctx.alpha), torch.zeros_like(p))
-        return _support_backward(grad.to(p.dtype), s, ctx.dim).to(grad.dtype), None, None, None
+        return _support_backward(grad, s, ctx.dim), None, None, None
 
 
-def entmax_bisect(x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50) -> Tensor:
-    r""":math:`\alpha`-entmax by bisection: :math:`p_i = [(\alpha - 1) x_i - \tau]_+^{1/(\alpha-1)}`.
+def entmax_bisect(
+    x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
+) -> Tensor:
+    r""":math:`\alpha`-entmax by bisection:
+    :math:`p_i = [(\alpha - 1) x_i - \tau]_+^{1/(\alpha-1)}`.
 
     The maximizer of :math:`p^\top x + H^T_\alpha(p)` over the simplex, with
     the Tsallis entropy
@@ -371,8 +423,10 @@ def entmax_bisect(x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
     if isinstance(alpha, bool) or not isinstance(alpha, Real):
         raise TypeError(f"alpha must be a real number > 1, got {type(alpha).__name__}")
     if not (math.isfinite(alpha) and alpha > 1):
-        raise ValueError(f"alpha must be a finite number > 1, got {alpha}; "
-                         "alpha = 1 is softmax: use softmax(x) instead")
+        raise ValueError(
+            f"alpha must be a finite number > 1, got {alpha}; "
+            "alpha = 1 is softmax: use softmax(x) instead"
+        )
     n_iter = check_positive_int(n_iter, "n_iter")
     return _apply(_EntmaxBisect, x, dim, float(alpha), n_iter)
 
@@ -382,31 +436,32 @@ def entmax_bisect(x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
 # --------------------------------------------------------------------------------------
 
 
-class _SoftmaxOne(torch.autograd.Function):
+class _SoftmaxOne(_RowwiseFunction):
     @staticmethod
-    def forward(ctx, x, dim):
-        xc = x.to(_compute_dtype(x))
-        # Shift by max(m, 0), not m: the implicit extra logit 0 is part of the maximum, so
-        # e^{-shift} (its term) and every e^{x_i - shift} stay <= 1. No overflow, and a row
-        # of only -inf gives 0 / 1 = 0.
-        shift = xc.amax(dim, keepdim=True).clamp_min(0)
-        e = torch.exp(xc - shift)
-        p = e / (torch.exp(-shift) + e.sum(dim, keepdim=True))
-        ctx.save_for_backward(p)
-        ctx.dim = dim
-        return p.to(x.dtype)
+    def forward(x, dim):
+        # Shift by max(m, 0), not m: the implicit extra logit 0 is part of the
+        # maximum, so e^{-shift} (its term) and every e^{x_i - shift} stay <= 1.
+        # No overflow, and a row of only -inf gives 0 / 1 = 0.
+        shift = x.amax(dim, keepdim=True).clamp_min(0)
+        e = torch.exp(x - shift)
+        return e / (torch.exp(-shift) + e.sum(dim, keepdim=True))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        g = grad.to(p.dtype)
         # Same form as softmax's: dp_i/dx_j = p_i (delta_ij - p_j).
-        return (p * (g - (p * g).sum(ctx.dim, keepdim=True))).to(grad.dtype), None
+        return p * (grad - (p * grad).sum(ctx.dim, keepdim=True)), None
 
 
 def softmax_one(x: Tensor, dim: int = -1) -> Tensor:
-    r"""Softmax-off-by-one: :math:`\mathrm{softmax}_1(x)_i = e^{x_i} / (1 + \sum_j e^{x_j})`.
+    r"""Softmax-off-by-one:
+    :math:`\mathrm{softmax}_1(x)_i = e^{x_i} / (1 + \sum_j e^{x_j})`.
 
     Softmax with an extra, implicit logit fixed at 0 whose weight is thrown
     away (Miller, 2023, "quiet attention"): the weights sum to
@@ -448,26 +503,28 @@ def softmax_one(x: Tensor, dim: int = -1) -> Tensor:
     return _apply(_SoftmaxOne, x, dim)
 
 
-class _ReluNormalize(torch.autograd.Function):
+class _ReluNormalize(_RowwiseFunction):
     @staticmethod
-    def forward(ctx, x, dim):
-        xc = x.to(_compute_dtype(x))
-        r = xc.clamp_min(0)
+    def forward(x, dim):
+        r = x.clamp_min(0)
         total = r.sum(dim, keepdim=True)
-        safe = torch.where(total == 0, torch.ones_like(total), total)
-        p = r / safe  # a row with no positive score: 0 / 1 = 0 (a nan row stays nan)
-        ctx.save_for_backward(p, xc > 0, safe)
-        ctx.dim = dim
-        return p.to(x.dtype)
+        # A row with no positive score: 0 / 1 = 0 (a nan row stays nan).
+        return r / torch.where(total == 0, torch.ones_like(total), total)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.dim = inputs
+        ctx.save_for_backward(x, output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        p, positive, total = ctx.saved_tensors
-        g = grad.to(p.dtype)
+        x, p = ctx.saved_tensors
+        total = x.clamp_min(0).sum(ctx.dim, keepdim=True)
+        total = torch.where(total == 0, torch.ones_like(total), total)
         # d p_i / d x_j = [x_j > 0] (delta_ij - p_i) / sum_k relu(x_k).
-        dx = (g - (p * g).sum(ctx.dim, keepdim=True)) / total
-        return torch.where(positive, dx, torch.zeros_like(dx)).to(grad.dtype), None
+        dx = (grad - (p * grad).sum(ctx.dim, keepdim=True)) / total
+        return torch.where(x > 0, dx, torch.zeros_like(dx)), None
 
 
 def relu_normalize(x: Tensor, dim: int = -1) -> Tensor:
@@ -514,23 +571,25 @@ def relu_normalize(x: Tensor, dim: int = -1) -> Tensor:
     return _apply(_ReluNormalize, x, dim)
 
 
-class _SigmoidNormalize(torch.autograd.Function):
+class _SigmoidNormalize(_RowwiseFunction):
     @staticmethod
-    def forward(ctx, x, dim, bias):
-        xc = x.to(_compute_dtype(x))
-        p = torch.sigmoid(xc + bias)
-        ctx.save_for_backward(p)
-        return p.to(x.dtype)
+    def forward(x, dim, bias):
+        return torch.sigmoid(x + bias)  # dim only chose the default bias
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        return (grad.to(p.dtype) * p * (1 - p)).to(grad.dtype), None, None
+        return grad * p * (1 - p), None, None
 
 
 def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Tensor:
-    r"""Sigmoid attention weights: :math:`p_i = \sigma(x_i + b)`, by default :math:`b = -\log n`.
+    r"""Sigmoid attention weights: :math:`p_i = \sigma(x_i + b)`, by default
+    :math:`b = -\log n`.
 
     Each key is weighted independently by a logistic sigmoid; nothing makes
     the weights sum to 1. Ramapuram et al. (2025) show that the bias
@@ -577,7 +636,9 @@ def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Te
         n = x.shape[dim] if x.dim() else 1
         bias = -math.log(n) if n > 0 else 0.0
     elif isinstance(bias, bool) or not isinstance(bias, Real):
-        raise TypeError(f"bias must be a real number or None, got {type(bias).__name__}")
+        raise TypeError(
+            f"bias must be a real number or None, got {type(bias).__name__}"
+        )
     elif not math.isfinite(bias):
         raise ValueError(f"bias must be finite, got {bias}")
     return _apply(_SigmoidNormalize, x, dim, float(bias))

@@ -13,19 +13,20 @@ The map functions take weights ``(..., L, S)`` (for a model, e.g.
 zeros (a query with nothing to attend to) is left out of every average; a map
 with no such row at all gives 0, never ``nan``.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float
-from .masking import check_mask
+from ._checks import check_dim, check_float, check_mask, check_nonnegative
 
 __all__ = ["entropy", "attention_entropy", "attention_distance", "attention_sparsity"]
 
 
 def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
-    r"""Shannon entropy in nats: :math:`H(p) = -\sum_i p_i \log p_i`, with :math:`0 \log 0 = 0`.
+    r"""Shannon entropy in nats: :math:`H(p) = -\sum_i p_i \log p_i`, with
+    :math:`0 \log 0 = 0`.
 
     :math:`H = 0` for a one-hot row (all attention on one key, *collapse*) and
     :math:`H = \log N` for the uniform row over :math:`N` keys. The convention
@@ -40,19 +41,26 @@ def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
     dim = check_dim(p, dim)
     positive = p > 0
     # where() on both sides keeps the gradient of the zero entries finite (0, not nan).
-    plogp = torch.where(positive, p * torch.log(torch.where(positive, p, torch.ones_like(p))),
-                        torch.zeros_like(p))
+    plogp = torch.where(
+        positive,
+        p * torch.log(torch.where(positive, p, torch.ones_like(p))),
+        torch.zeros_like(p),
+    )
     return -plogp.sum(dim=dim, keepdim=keepdim)
 
 
 def _check_weights(weights, name: str = "weights") -> Tensor:
     check_float(weights, name)
     if weights.dim() < 2:
-        raise ValueError(f"{name} must have at least 2 dimensions (..., L, S), "
-                         f"got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"{name} must have at least 2 dimensions (..., L, S), "
+            f"got shape {tuple(weights.shape)}"
+        )
     if bool((weights < 0).any()):
-        raise ValueError(f"{name} must be non-negative (attention weights), "
-                         f"got a minimum of {float(weights.min())}")
+        raise ValueError(
+            f"{name} must be non-negative (attention weights), "
+            f"got a minimum of {float(weights.min())}"
+        )
     return weights
 
 
@@ -72,7 +80,8 @@ def _mean_over_rows(values: Tensor, live: Tensor) -> Tensor:
 
 
 def attention_entropy(weights: Tensor) -> Tensor:
-    r"""Mean row entropy of attention maps: :math:`\bar H = \frac{1}{|R|}\sum_{i \in R} H(a_{i\cdot})`.
+    r"""Mean row entropy of attention maps:
+    :math:`\bar H = \frac{1}{|R|}\sum_{i \in R} H(a_{i\cdot})`.
 
     :math:`H(a_{i\cdot}) = -\sum_j a_{ij} \log a_{ij}` (nats, :math:`0 \log 0 = 0`)
     is the entropy of query :math:`i`'s attention; :math:`R` is the set of
@@ -110,7 +119,9 @@ def attention_entropy(weights: Tensor) -> Tensor:
 
 
 def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
-    r"""Mean attention distance: :math:`\bar d = \frac{1}{|R|}\sum_{i \in R} \sum_j a_{ij}\, |i + \text{offset} - j|`.
+    r"""Mean attention distance:
+    :math:`\bar d = \frac{1}{|R|}\sum_{i \in R} \sum_j a_{ij}\,
+    |i + \text{offset} - j|`.
 
     How far, in positions, the queries of a map look on average: 0 for a
     head that attends to its own position, 1 for a "previous token" head,
@@ -157,9 +168,11 @@ def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
     return _mean_over_rows((p * distance).sum(dim=-1), live)
 
 
-def attention_sparsity(weights: Tensor, mask: Tensor | None = None, *,
-                       threshold: float = 0.0) -> Tensor:
-    r"""Fraction of zero weights among the allowed entries: :math:`\frac{|\{(i,j) \in A : a_{ij} \le \tau\}|}{|A|}`.
+def attention_sparsity(
+    weights: Tensor, mask: Tensor | None = None, *, threshold: float = 0.0
+) -> Tensor:
+    r"""Fraction of zero weights among the allowed entries:
+    :math:`\frac{|\{(i,j) \in A : a_{ij} \le \tau\}|}{|A|}`.
 
     :math:`A` holds the entries that ``mask`` allows (True = may attend), in
     rows with any weight. Masked entries are zero under every normalizer,
@@ -190,14 +203,14 @@ def attention_sparsity(weights: Tensor, mask: Tensor | None = None, *,
     Raises
     ------
     TypeError
-        If ``weights`` is not a floating-point tensor, or ``mask`` not boolean.
+        If ``weights`` is not a floating-point tensor, ``mask`` not boolean,
+        or ``threshold`` not a real number.
     ValueError
         If ``weights`` has fewer than 2 dimensions or a negative entry, ``mask``
-        does not broadcast, or ``threshold`` is negative.
+        does not broadcast, or ``threshold`` is negative or not finite.
     """
     _check_weights(weights)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    threshold = check_nonnegative(threshold, "threshold")
     live = (weights.sum(dim=-1, keepdim=True) > 0).expand(weights.shape)  # (..., L, S)
     allowed = live if mask is None else check_mask(mask, weights) & live
     zeros = (weights <= threshold) & allowed

@@ -1,24 +1,35 @@
 r"""Scaled dot-product attention with a pluggable normalizer.
 
-.. math:: \mathrm{Attention}(Q, K, V) = \mathrm{normalize}\!\left(\frac{Q K^\top}{\sqrt{D}} + M\right) V
+.. math::
+
+    \mathrm{Attention}(Q, K, V)
+    = \mathrm{normalize}\!\left(\frac{Q K^\top}{\sqrt{D}} + M\right) V
 
 The normalizer is softmax by default; the alternatives chapter plugs in
 sparsemax, entmax and others by name, and any callable
 ``f(scores, dim=-1) -> weights`` works too.
 """
+
 from __future__ import annotations
 
-import math
-from typing import Callable, Union
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from ._checks import check_float, check_positive
-from .masking import causal_mask, check_mask, masked_softmax
+from ._checks import check_attention_args, zero_empty_rows
+from .alternatives import (
+    entmax15,
+    relu_normalize,
+    sigmoid_normalize,
+    softmax_one,
+    sparsemax,
+)
+from .masking import causal_mask, masked_softmax
 
 __all__ = ["scaled_dot_product_attention", "NORMALIZERS"]
 
+#: A normalizer maps scores to weights along a dimension: ``f(scores, dim=-1)``.
 Normalizer = Callable[..., Tensor]
 
 
@@ -27,56 +38,34 @@ def _softmax(scores: Tensor, dim: int = -1) -> Tensor:
 
 
 #: Normalizers usable by name as ``normalizer=`` (name -> ``f(scores, dim=-1)``).
-NORMALIZERS: dict[str, Normalizer] = {"softmax": _softmax}
-
-from .alternatives import (  # noqa: E402  (the alternatives chapter's normalizers)
-    entmax15, relu_normalize, sigmoid_normalize, softmax_one, sparsemax,
-)
-
-NORMALIZERS.update({
+NORMALIZERS: dict[str, Normalizer] = {
+    "softmax": _softmax,
     "sparsemax": sparsemax,
     "entmax15": entmax15,
     "softmax_one": softmax_one,
     "relu": relu_normalize,
     "sigmoid": sigmoid_normalize,
-})
+}
 
 
-def _resolve_normalizer(normalizer: Union[str, Normalizer]) -> tuple[str, Normalizer]:
+def resolve_normalizer(normalizer: str | Normalizer) -> tuple[str, Normalizer]:
+    """Return ``(name, function)`` for a name in :data:`NORMALIZERS` or a callable.
+
+    Raises ``ValueError`` for an unknown name and ``TypeError`` for anything
+    else, so that a model can reject a bad normalizer when it is built.
+    """
     if isinstance(normalizer, str):
         if normalizer not in NORMALIZERS:
             raise ValueError(
-                f"normalizer={normalizer!r} is unknown; expected one of {sorted(NORMALIZERS)} "
-                "or a callable f(scores, dim=-1)"
+                f"normalizer={normalizer!r} is unknown; expected one of "
+                f"{sorted(NORMALIZERS)} or a callable f(scores, dim=-1)"
             )
         return normalizer, NORMALIZERS[normalizer]
     if callable(normalizer):
         return getattr(normalizer, "__name__", "callable"), normalizer
-    raise TypeError(f"normalizer must be a name or a callable, got {type(normalizer).__name__}")
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_float(t, name)
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., length, dim), "
-                             f"got shape {tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, "
-                         f"{v.device}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dimension D, got q {tuple(q.shape)} "
-                         f"and k {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length S (dimension -2), got k "
-                         f"{tuple(k.shape)} and v {tuple(v.shape)}")
-    try:
-        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
-                         f"v {tuple(v.shape)} do not broadcast") from None
+    raise TypeError(
+        f"normalizer must be a name or a callable, got {type(normalizer).__name__}"
+    )
 
 
 def scaled_dot_product_attention(
@@ -87,10 +76,11 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
-    normalizer: Union[str, Normalizer] = "softmax",
+    normalizer: str | Normalizer = "softmax",
     return_weights: bool = False,
-):
-    r"""Attention: :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Attention:
+    :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
 
     The scores :math:`Q K^\top` are multiplied by ``scale`` (default
     :math:`1/\sqrt{D}`), masked, normalized along the keys and used to
@@ -149,40 +139,44 @@ def scaled_dot_product_attention(
         with ``is_causal=True``, if ``scale <= 0``, or if ``normalizer`` is an
         unknown name or returns the wrong shape.
     """
-    _check_qkv(q, k, v)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if mask is not None and is_causal:
-        raise ValueError("pass either mask or is_causal=True, not both "
-                         "(combine them yourself: mask & causal_mask(L, S))")
-    name, normalize = _resolve_normalizer(normalizer)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_positive(scale, "scale")
+    _, scale, _ = check_attention_args(q, k, v, mask, is_causal, scale)
+    name, normalize = resolve_normalizer(normalizer)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
     if is_causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
+    if mask is not None:  # a mask may have batch dimensions that only v has
+        scores = scores.expand(torch.broadcast_shapes(scores.shape, mask.shape))
     if name == "softmax" and normalize is NORMALIZERS.get("softmax"):
         weights = masked_softmax(scores, mask)
     elif mask is None:
         weights = _checked(normalize(scores, dim=-1), scores, name)
     else:
-        weights = _masked_normalize(normalize, scores, check_mask(mask, scores), name)
+        weights = _masked_normalize(normalize, scores, mask.expand(scores.shape), name)
     out = weights @ v  # (..., L, Dv)
     return (out, weights) if return_weights else out
 
 
 def _checked(weights, scores: Tensor, name: str) -> Tensor:
     if not isinstance(weights, Tensor) or weights.shape != scores.shape:
-        got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
-        raise ValueError(f"normalizer {name!r} must return weights of the scores' shape "
-                         f"{tuple(scores.shape)}, got {got}")
+        got = (
+            tuple(weights.shape)
+            if isinstance(weights, Tensor)
+            else type(weights).__name__
+        )
+        raise ValueError(
+            f"normalizer {name!r} must return weights of the scores' shape "
+            f"{tuple(scores.shape)}, got {got}"
+        )
     return weights
 
 
-def _masked_normalize(normalize: Normalizer, scores: Tensor, keep: Tensor, name: str) -> Tensor:
-    # Masked keys become -inf, which every library normalizer treats as removed.
+def _masked_normalize(
+    normalize: Normalizer, scores: Tensor, keep: Tensor, name: str
+) -> Tensor:
+    # Masked keys become -inf, which every library normalizer treats as removed;
+    # a row with nothing left to attend gives zeros, never nan.
     filled = scores.masked_fill(~keep, float("-inf"))  # (..., L, S)
-    # Rows with nothing to attend get a harmless finite row (no inf - inf in the
-    # normalizer's forward or backward), and zeros after.
-    empty = torch.isneginf(filled).all(dim=-1, keepdim=True)  # (..., L, 1)
-    weights = _checked(normalize(filled.masked_fill(empty, 0.0), dim=-1), scores, name)
-    return weights.masked_fill(~keep | empty, 0.0)
+    weights = zero_empty_rows(
+        lambda s: _checked(normalize(s, dim=-1), scores, name), filled, dim=-1
+    )
+    return weights.masked_fill(~keep, 0.0)  # whatever a custom normalizer gave them

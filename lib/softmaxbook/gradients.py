@@ -13,24 +13,31 @@ costs :math:`O(N)` time and memory instead of :math:`O(N^2)`.
 Everything here is written in terms of the softmax *output* :math:`s`: that is
 what a backward pass has saved, and the Jacobian is a function of it alone.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float
+from ._checks import check_dim, check_float, zero_empty_rows
 
-__all__ = ["softmax_jacobian", "softmax_backward", "SoftmaxFunction",
-           "softmax_with_custom_backward"]
+__all__ = [
+    "softmax_jacobian",
+    "softmax_backward",
+    "SoftmaxFunction",
+    "softmax_with_custom_backward",
+]
 
 # Reductions over a row in 16-bit floats lose digits; accumulate them in float32.
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def softmax_jacobian(s: Tensor, dim: int = -1) -> Tensor:
-    r"""The Jacobian of softmax from its output: :math:`J = \operatorname{diag}(s) - s s^\top`.
+    r"""The Jacobian of softmax from its output:
+    :math:`J = \operatorname{diag}(s) - s s^\top`.
 
-    Entry :math:`(i, j)` is :math:`\partial s_i / \partial x_j = s_i(\delta_{ij} - s_j)`.
+    Entry :math:`(i, j)` is
+    :math:`\partial s_i / \partial x_j = s_i(\delta_{ij} - s_j)`.
     ``J`` is symmetric and positive semidefinite, each of its rows sums to 0
     (the weights always sum to one, so no change of the scores can change
     their total), and its largest eigenvalue is at most :math:`1/2`. A fully
@@ -75,7 +82,8 @@ def softmax_jacobian(s: Tensor, dim: int = -1) -> Tensor:
 
 
 def softmax_backward(s: Tensor, grad_output: Tensor, dim: int = -1) -> Tensor:
-    r"""Vector-Jacobian product of softmax: :math:`\bar x = s \odot (g - \textstyle\sum_j s_j g_j)`.
+    r"""Vector-Jacobian product of softmax:
+    :math:`\bar x = s \odot (g - \textstyle\sum_j s_j g_j)`.
 
     Given the softmax output :math:`s` and the gradient :math:`g` of a loss
     with respect to :math:`s`, returns the gradient with respect to the
@@ -143,21 +151,38 @@ class SoftmaxFunction(torch.autograd.Function):
 
     Call it through :func:`~softmaxbook.softmax_with_custom_backward`, or as
     ``SoftmaxFunction.apply(x, dim)`` (positional arguments only).
+
+    It composes with ``torch.func``: ``vmap`` (its forward is plain torch code,
+    ``generate_vmap_rule``), ``grad`` and ``jacrev`` (the backward above),
+    ``jacfwd`` and ``hessian`` (a ``jvp``: :math:`J` is symmetric, so
+    :math:`Jt = s \odot (t - s \cdot t)` too).
     """
 
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int) -> Tensor:
-        # A row of only -inf would give nan (exp(-inf - (-inf))); give it zeros instead.
-        empty = torch.isneginf(x).all(dim=dim, keepdim=True)
-        s = torch.softmax(x.masked_fill(empty, 0.0), dim=dim).masked_fill(empty, 0.0)
-        ctx.save_for_backward(s)
-        ctx.dim = dim
-        return s
+    # forward is plain torch code, so torch.func.vmap can batch it on its own.
+    generate_vmap_rule = True
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor):
+    def forward(x: Tensor, dim: int) -> Tensor:
+        # A row of only -inf would give nan (exp(-inf - (-inf))); it gives zeros.
+        return zero_empty_rows(lambda z: torch.softmax(z, dim=dim), x, dim)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, int], output: Tensor) -> None:
+        ctx.dim = inputs[1]
+        ctx.save_for_backward(output)  # the Jacobian is a function of s alone
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor) -> tuple[Tensor, None]:
         (s,) = ctx.saved_tensors
         return softmax_backward(s, grad_output, ctx.dim), None
+
+    @staticmethod
+    def jvp(ctx, x_tangent: Tensor, _dim_tangent: None) -> Tensor:
+        # Forward mode (torch.func.jacfwd, hessian): J is symmetric, so J t has
+        # the form of the vector-Jacobian product.
+        (s,) = ctx.saved_tensors
+        return softmax_backward(s, x_tangent, ctx.dim)
 
 
 def softmax_with_custom_backward(x: Tensor, dim: int = -1) -> Tensor:

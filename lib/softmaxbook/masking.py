@@ -8,21 +8,36 @@ the forward and in the backward pass.
 Beware: ``torch.nn.MultiheadAttention``'s ``key_padding_mask`` and
 ``attn_mask`` use the *opposite* convention for boolean masks (True = ignore).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from numbers import Integral
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_positive_int, check_tensor
+from ._checks import (
+    check_dim,
+    check_float,
+    check_mask,
+    check_positive_int,
+    check_tensor,
+    zero_empty_rows,
+)
 
-__all__ = ["causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value"]
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "masked_softmax",
+    "additive_mask",
+    "mask_fill_value",
+]
 
 
 def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
-    r"""Boolean causal mask: query :math:`i` may attend to key :math:`j` iff :math:`j \le i`.
+    r"""Boolean causal mask: query :math:`i` may attend to key :math:`j` iff
+    :math:`j \le i`.
 
     Aligned at the top-left corner, exactly like ``is_causal=True`` in
     ``torch.nn.functional.scaled_dot_product_attention``: with ``L < S`` the
@@ -64,7 +79,8 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
 
 
 def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
-    r"""Boolean padding mask: position :math:`j` of sequence :math:`b` is real iff :math:`j < \ell_b`.
+    r"""Boolean padding mask: position :math:`j` of sequence :math:`b` is real iff
+    :math:`j < \ell_b`.
 
     Padding is assumed at the end of each sequence (right padding).
 
@@ -97,17 +113,28 @@ def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
         If a length is negative or ``max_len < max(lengths)``.
     """
     if isinstance(lengths, Tensor):
-        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool \
-                or lengths.dim() != 1:
-            raise TypeError(f"lengths must be a 1-D integer tensor, got dtype {lengths.dtype} "
-                            f"and shape {tuple(lengths.shape)}")
+        if (
+            lengths.is_floating_point()
+            or lengths.is_complex()
+            or lengths.dtype == torch.bool
+            or lengths.dim() != 1
+        ):
+            raise TypeError(
+                f"lengths must be a 1-D integer tensor, got dtype {lengths.dtype} "
+                f"and shape {tuple(lengths.shape)}"
+            )
         lengths = lengths.to(device) if device is not None else lengths
     elif isinstance(lengths, Sequence) and all(
-            isinstance(n, Integral) and not isinstance(n, bool) for n in lengths):
-        lengths = torch.tensor([int(n) for n in lengths], dtype=torch.long, device=device)
+        isinstance(n, Integral) and not isinstance(n, bool) for n in lengths
+    ):
+        lengths = torch.tensor(
+            [int(n) for n in lengths], dtype=torch.long, device=device
+        )
     else:
-        raise TypeError("lengths must be a 1-D integer tensor or a sequence of ints, "
-                        f"got {type(lengths).__name__}")
+        raise TypeError(
+            "lengths must be a 1-D integer tensor or a sequence of ints, "
+            f"got {type(lengths).__name__}"
+        )
     if lengths.numel() and int(lengths.min()) < 0:
         raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
     longest = int(lengths.max()) if lengths.numel() else 0
@@ -119,43 +146,6 @@ def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
         raise ValueError(f"max_len must be >= max(lengths) = {longest}, got {max_len}")
     positions = torch.arange(int(max_len), device=lengths.device)  # (max_len,)
     return positions < lengths.unsqueeze(-1)  # (B, max_len)
-
-
-def check_mask(mask, scores: Tensor, name: str = "mask") -> Tensor:
-    """Check that ``mask`` is a boolean tensor that broadcasts to ``scores``; return it expanded.
-
-    Internal helper shared with :mod:`softmaxbook.attention`. The result is a
-    view of ``mask`` with the shape of ``scores`` (no copy).
-
-    Raises
-    ------
-    TypeError
-        If ``mask`` is not a tensor or not boolean.
-    ValueError
-        If ``mask`` does not broadcast to the shape of ``scores``, or lives on
-        another device.
-    """
-    check_tensor(mask, name)
-    if mask.dtype != torch.bool:
-        hint = ("for a 0/-inf additive mask use (additive == 0)" if mask.is_floating_point()
-                else "for a 0/1 mask use .bool()")
-        raise TypeError(
-            f"{name} must be a boolean tensor (True = may attend), got dtype {mask.dtype}; "
-            f"{hint}"
-        )
-    try:
-        shape = torch.broadcast_shapes(mask.shape, scores.shape)
-    except RuntimeError:
-        shape = None
-    if shape != scores.shape:
-        raise ValueError(
-            f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' "
-            f"shape {tuple(scores.shape)}"
-        )
-    if mask.device != scores.device:
-        raise ValueError(f"{name} is on {mask.device} but the scores are on {scores.device}; "
-                         f"move it with {name}.to(scores.device)")
-    return mask.expand(scores.shape)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
@@ -210,11 +200,9 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
     if mask is not None:
         keep = check_mask(mask, scores)
         scores = scores.masked_fill(~keep, float("-inf"))
-    empty = torch.isneginf(scores).all(dim=dim, keepdim=True)  # rows with nothing to attend
-    # A finite stand-in for the empty rows keeps nan out of softmax's forward and backward;
-    # their output (and so their gradient) is zeroed afterwards.
-    safe = scores.masked_fill(empty, 0.0)
-    return torch.softmax(safe, dim=dim).masked_fill(empty, 0.0)
+    # A row with nothing left to attend gives zeros, never nan (in _checks: the same
+    # guard serves attention's other normalizers and the custom-backward softmax).
+    return zero_empty_rows(lambda s: torch.softmax(s, dim=dim), scores, dim)
 
 
 def mask_fill_value(dtype: torch.dtype) -> float:
@@ -248,7 +236,8 @@ def mask_fill_value(dtype: torch.dtype) -> float:
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    r"""Convert a boolean mask (True = may attend) to an additive one: :math:`0` or :math:`-\infty`.
+    r"""Convert a boolean mask (True = may attend) to an additive one: :math:`0` or
+    :math:`-\infty`.
 
     Adding the result to the scores before a softmax masks them; this is the
     float ``attn_mask`` form that torch also accepts. A row that is all
@@ -277,7 +266,9 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """
     check_tensor(mask, "mask")
     if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a boolean tensor (True = may attend), got dtype {mask.dtype}")
+        raise TypeError(
+            f"mask must be a boolean tensor (True = may attend), got dtype {mask.dtype}"
+        )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

@@ -6,28 +6,64 @@ laptop, in Colab and on a GPU server::
     import softmaxbook as sb
     device = sb.setup_notebook(seed=0)
 """
+
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from ._checks import check_installed
 from .device import get_device
 from .plotting import use_style
 
 __all__ = ["setup_notebook", "glue"]
 
 
-def setup_notebook(seed: int = 0, *, precision: int = 4) -> torch.device:
-    """Seed every generator, set rounded printing and the figure style; return the device.
+def setup_notebook(
+    seed: int = 0, *, precision: int = 4, requires: Sequence[str] = ()
+) -> torch.device:
+    """Seed every generator, set rounded printing and the figure style; return the
+    device.
 
-    Seeds Python's ``random``, NumPy's global generator and torch (all
-    devices). Printing rounds to ``precision`` digits without scientific
-    notation, so stored notebook outputs do not change with the last bit of a
-    float. Returns :func:`~softmaxbook.get_device`.
+    First checks that the optional packages in ``requires`` are installed, so
+    that a chapter which needs one says so in its first cell, with the command
+    that installs it, instead of failing halfway down. Then seeds Python's
+    ``random``, NumPy's global generator and torch (all devices). Printing
+    rounds to ``precision`` digits without scientific notation, so stored
+    notebook outputs do not change with the last bit of a float. Returns
+    :func:`~softmaxbook.get_device`.
+
+    Parameters
+    ----------
+    seed : int
+        The seed of every generator.
+    precision : int
+        Digits that torch and NumPy print.
+    requires : sequence of str
+        Import names of the optional packages the notebook needs, e.g.
+        ``("entmax",)``. The chapters' packages (entmax, tqdm, Triton) come
+        with ``pip install "softmaxbook[book]"``.
+
+    Raises
+    ------
+    ImportError
+        If a package in ``requires`` is not installed. The message names the
+        packages and the ``pip install`` line that installs them.
+    TypeError
+        If ``requires`` is not a sequence of names.
+
+    Examples
+    --------
+    The first cell of a chapter that compares with the ``entmax`` package::
+
+        import softmaxbook as sb
+        device = sb.setup_notebook(seed=0, requires=("entmax",))
     """
+    check_installed(requires, "This notebook")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -56,9 +92,8 @@ def glue(name: str, value, *, digits: int = 4, display: bool = False) -> None:
     ----------
     name : str
         The key used in ``{glue:text}`name```.
-    value : float, int, bool, str or None
-        What to record; a NumPy scalar or a 0-d tensor is recorded as the
-        Python number it holds.
+    value : float or int or bool or str
+        What to record; also ``None``, a NumPy scalar or a 0-d tensor.
     digits : int
         Significant digits kept of a float, from 1 to 6.
 
@@ -91,17 +126,23 @@ def _rounded(value, digits: int = 4):
     if isinstance(digits, bool) or not isinstance(digits, int):
         raise TypeError(f"digits must be an int, got {type(digits).__name__}")
     if not 1 <= digits <= MAX_GLUE_DIGITS:
-        raise ValueError(f"digits must be between 1 and {MAX_GLUE_DIGITS}, got {digits}")
+        raise ValueError(
+            f"digits must be between 1 and {MAX_GLUE_DIGITS}, got {digits}"
+        )
     # NumPy scalars and 0-d tensors become Python numbers, which myst-nb can
     # format with a spec such as ``:.3f`` (it cannot format ``np.float64(...)``).
     if isinstance(value, (np.generic, torch.Tensor)):
         if getattr(value, "ndim", 0) != 0:
-            raise TypeError(f"value must be a scalar, got an array of shape {tuple(value.shape)}")
+            raise TypeError(
+                f"value must be a scalar, got an array of shape {tuple(value.shape)}"
+            )
         value = value.item()
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if not isinstance(value, float):
-        raise TypeError(f"value must be a number or a string, got {type(value).__name__}")
+        raise TypeError(
+            f"value must be a number or a string, got {type(value).__name__}"
+        )
     if not math.isfinite(value) or value == 0:
         return value
     return float(f"{value:.{digits}g}")

@@ -6,16 +6,24 @@ running sum is rescaled whenever the running maximum grows. This is the idea
 that lets FlashAttention compute attention without ever holding a whole row
 of scores.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_positive, check_positive_int
+from ._checks import (
+    check_attention_args,
+    check_dim,
+    check_float,
+    check_positive_int,
+)
+from .kernels import explain_dispatch, triton_flash_attention
 
 __all__ = [
     "online_softmax",
@@ -27,7 +35,8 @@ __all__ = [
 
 
 def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor:
-    r"""Softmax computed block by block with a running maximum and a rescaled running sum.
+    r"""Softmax computed block by block with a running maximum and a rescaled running
+    sum.
 
     For each block :math:`B` of ``block_size`` entries,
 
@@ -43,16 +52,21 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
     check_float(x)
     dim = check_dim(x, dim)
     block_size = check_positive_int(block_size, "block_size")
+    if x.dim() == 0:  # one row of one entry, as for softmax
+        return online_softmax(x.reshape(1), 0, block_size=block_size).reshape(())
     acc = torch.promote_types(x.dtype, torch.float32)
     xt = x.movedim(dim, -1).to(acc)  # (..., N)
     m = torch.full(xt.shape[:-1] + (1,), float("-inf"), dtype=acc, device=x.device)
     d = torch.zeros_like(m)
     for start in range(0, xt.shape[-1], block_size):
-        block = xt[..., start:start + block_size]
+        block = xt[..., start : start + block_size]
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        # An all -inf prefix has m_new = -inf: shift by 0 instead, to keep exp(-inf - -inf) out.
+        # An all -inf prefix has m_new = -inf: shift by 0 instead, so that
+        # exp(-inf - (-inf)) = nan never happens.
         shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-        d = d * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        d = d * torch.exp(m - shift) + torch.exp(block - shift).sum(
+            dim=-1, keepdim=True
+        )
         m = m_new
     shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     p = torch.exp(xt - shift) / torch.where(d > 0, d, torch.ones_like(d))
@@ -63,9 +77,10 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
 # FlashAttention: attention tile by tile with the online softmax
 # --------------------------------------------------------------------------------------
 
-#: Default tile sizes ``(block_q, block_k)`` of :func:`flash_attention`. Large tiles keep
-#: the per-tile matrix products big enough that Python's per-tile overhead is negligible,
-#: while one (B·H, 256, 512) float32 tile of scores is still only 0.5 MiB per head.
+#: Default tile sizes ``(block_q, block_k)`` of :func:`flash_attention`. Large
+#: tiles keep the per-tile matrix products big enough that Python's per-tile
+#: overhead is negligible, while one (B·H, 256, 512) float32 tile of scores is
+#: still only 0.5 MiB per head.
 DEFAULT_BLOCK_SIZE = (256, 512)
 
 _LOG2E = math.log2(math.e)
@@ -74,33 +89,17 @@ _LN2 = math.log(2.0)
 
 def _block_sizes(block_size) -> tuple[int, int]:
     if isinstance(block_size, tuple) and len(block_size) == 2:
-        return (check_positive_int(block_size[0], "block_size[0]"),
-                check_positive_int(block_size[1], "block_size[1]"))
+        return (
+            check_positive_int(block_size[0], "block_size[0]"),
+            check_positive_int(block_size[1], "block_size[1]"),
+        )
     if isinstance(block_size, tuple):
-        raise ValueError(f"block_size must be an int or a pair (block_q, block_k), "
-                         f"got a tuple of length {len(block_size)}")
+        raise ValueError(
+            f"block_size must be an int or a pair (block_q, block_k), "
+            f"got a tuple of length {len(block_size)}"
+        )
     block = check_positive_int(block_size, "block_size")
     return block, block
-
-
-def _attention_args(q, k, v, mask, is_causal, scale):
-    """Check flash attention's arguments; return (batch shape, scale, mask broadcast or None)."""
-    from .attention import _check_qkv  # attention imports masking; keep module import light
-    from .masking import check_mask
-
-    _check_qkv(q, k, v)
-    if mask is not None and is_causal:
-        raise ValueError("pass either mask or is_causal=True, not both "
-                         "(combine them yourself: mask & causal_mask(L, S))")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_positive(scale, "scale")
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if mask is not None:
-        # A scalar expanded to the scores' shape stands in for them without allocating them.
-        scores = torch.empty((), device=q.device).expand(batch + (q.shape[-2], k.shape[-2]))
-        mask = check_mask(mask, scores)  # an expanded view: no (L, S) copy per batch entry
-    return batch, scale, mask
 
 
 def flash_attention(
@@ -113,8 +112,9 @@ def flash_attention(
     scale: float | None = None,
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
     return_lse: bool = False,
-):
-    r"""Exact attention computed tile by tile: :math:`\mathrm{softmax}(QK^\top \cdot \text{scale})\,V`.
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Exact attention computed tile by tile:
+    :math:`\mathrm{softmax}(QK^\top \cdot \text{scale})\,V`.
 
     The algorithm of FlashAttention (Dao et al., 2022). Queries are cut into
     blocks of ``block_q`` rows, keys and values into blocks of ``block_k``.
@@ -182,15 +182,12 @@ def flash_attention(
         If the shapes do not fit together, the mask does not broadcast,
         ``scale <= 0``, or both ``mask`` and ``is_causal`` are given.
     """
-    from .device import explain_dispatch
-
-    batch, scale, keep = _attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
     block_q, block_k = _block_sizes(block_size)
     if explain_dispatch("flash_attention", q, k, v).path == "triton":
-        from .kernels import triton_flash_attention
-
-        return triton_flash_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale,
-                                      return_lse=return_lse)
+        return triton_flash_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale, return_lse=return_lse
+        )
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     run = _flash_attention_differentiable if needs_grad else _flash_attention_fast
     out, lse = run(q, k, v, batch, keep, is_causal, scale, block_q, block_k)
@@ -198,9 +195,10 @@ def flash_attention(
 
 
 class FlashStep(NamedTuple):
-    """The state of :func:`flash_attention_steps` after one tile (all tensors float32+)."""
+    """The state of :func:`flash_attention_steps` after one tile (all tensors
+    float32+)."""
 
-    #: Query rows ``[q_start, q_stop)`` and key columns ``[k_start, k_stop)`` of this tile.
+    #: Query rows ``[q_start, q_stop)`` and key columns ``[k_start, k_stop)``.
     q_start: int
     q_stop: int
     k_start: int
@@ -227,7 +225,8 @@ def flash_attention_steps(
     scale: float | None = None,
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
 ) -> Iterator[FlashStep]:
-    r"""Step through :func:`flash_attention` tile by tile: yields the running state after each tile.
+    r"""Step through :func:`flash_attention` tile by tile: yields the running state
+    after each tile.
 
     The plain algorithm, written for reading: for each block of query rows,
     for each block of keys, compute the tile of scores, update the running
@@ -247,7 +246,7 @@ def flash_attention_steps(
     TypeError, ValueError
         For bad input, as :func:`flash_attention`.
     """
-    batch, scale, keep = _attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
     block_q, block_k = _block_sizes(block_size)
     return _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k)
 
@@ -259,57 +258,85 @@ def _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
     for q0 in range(0, L, block_q):
         q1 = min(q0 + block_q, L)
         qb = q[..., q0:q1, :] * scale  # (..., bq, D)
-        m = torch.full(qb.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device)  # (..., bq)
-        l = torch.zeros_like(m)
+        m = torch.full(
+            qb.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device
+        )  # (..., bq)
+        ell = torch.zeros_like(m)
         o = torch.zeros(qb.shape[:-1] + v.shape[-1:], dtype=acc_dtype, device=q.device)
-        k_end = min(S, q1) if is_causal else S  # causal: later key blocks are all masked
+        k_end = (
+            min(S, q1) if is_causal else S
+        )  # causal: later key blocks are all masked
         if k_end == 0:
-            yield FlashStep(q0, q1, 0, 0, qb[..., :0], m, l, o, True)
+            yield FlashStep(q0, q1, 0, 0, qb[..., :0], m, ell, o, True)
         for k0 in range(0, k_end, block_k):
             k1 = min(k0 + block_k, S)
-            s = qb @ k[..., k0:k1, :].transpose(-2, -1)  # (..., bq, bk): the only scores that exist
+            s = qb @ k[..., k0:k1, :].transpose(
+                -2, -1
+            )  # (..., bq, bk): the only scores that exist
             tile_keep = _tile_mask(keep, is_causal, q0, q1, k0, k1, q.device)
             if tile_keep is not None:
                 s = s.masked_fill(~tile_keep, float("-inf"))
-            with torch.no_grad():  # the shift cancels in o / l, so it needs no gradient
+            with (
+                torch.no_grad()
+            ):  # the shift cancels in o / ell, so it needs no gradient
                 m_new = torch.maximum(m, s.amax(dim=-1))
-                # A row with no key so far has m = -inf: shift by 0 to keep exp(-inf - -inf) out.
+                # A row with no key so far has m = -inf: shift by 0, so that
+                # exp(-inf - (-inf)) = nan never happens.
                 shift = m_new.masked_fill(torch.isneginf(m_new), 0.0)
-                alpha = torch.exp(m - shift)  # rescales the old state to the new maximum
+                alpha = torch.exp(
+                    m - shift
+                )  # rescales the old state to the new maximum
             p = torch.exp(s - shift.unsqueeze(-1))
-            l = l * alpha + p.sum(dim=-1)
+            ell = ell * alpha + p.sum(dim=-1)
             o = o * alpha.unsqueeze(-1) + p @ v[..., k0:k1, :]
             m = m_new
-            yield FlashStep(q0, q1, k0, k1, s, m, l, o, k0 + block_k >= k_end)
+            yield FlashStep(q0, q1, k0, k1, s, m, ell, o, k0 + block_k >= k_end)
 
 
-def _flash_attention_differentiable(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
+def _flash_attention_differentiable(
+    q, k, v, batch, keep, is_causal, scale, block_q, block_k
+):
     outs, lses = [], []
     for step in _steps(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
         if step.last:
             nonzero = step.sum > 0
             l_safe = torch.where(nonzero, step.sum, torch.ones_like(step.sum))
             outs.append(step.acc / l_safe.unsqueeze(-1))
-            lses.append(torch.where(nonzero, step.max + torch.log(l_safe),
-                                    torch.full_like(l_safe, float("-inf"))))
+            lses.append(
+                torch.where(
+                    nonzero,
+                    step.max + torch.log(l_safe),
+                    torch.full_like(l_safe, float("-inf")),
+                )
+            )
     L, Dv = q.shape[-2], v.shape[-1]
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     if not outs:  # L == 0
-        return (torch.zeros(batch + (L, Dv), dtype=q.dtype, device=q.device),
-                torch.zeros(batch + (L,), dtype=acc_dtype, device=q.device))
+        return (
+            torch.zeros(batch + (L, Dv), dtype=q.dtype, device=q.device),
+            torch.zeros(batch + (L,), dtype=acc_dtype, device=q.device),
+        )
     return torch.cat(outs, dim=-2).to(q.dtype), torch.cat(lses, dim=-1)
 
 
 def _flash_attention_fast(q, k, v, batch, keep, is_causal, scale, block_q, block_k):
-    """The loop of :func:`_steps` without autograd: in-place updates, query blocks in parallel."""
+    """The loop of :func:`_steps` without autograd: in-place updates, query blocks in
+    parallel."""
     L, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     dev = q.device
     BH = math.prod(batch)
     # Scores in base 2: exp2 is cheaper than exp on CPUs and GPUs alike, and
     # 2^(s log2 e) = e^s, so folding log2(e) into the scale changes nothing else.
-    qf = q.expand(batch + q.shape[-2:]).reshape((BH,) + q.shape[-2:]).to(acc_dtype) * (scale * _LOG2E)
-    kt = k.expand(batch + k.shape[-2:]).reshape((BH,) + k.shape[-2:]).to(acc_dtype).transpose(-2, -1)
+    qf = q.expand(batch + q.shape[-2:]).reshape((BH,) + q.shape[-2:]).to(acc_dtype) * (
+        scale * _LOG2E
+    )
+    kt = (
+        k.expand(batch + k.shape[-2:])
+        .reshape((BH,) + k.shape[-2:])
+        .to(acc_dtype)
+        .transpose(-2, -1)
+    )
     vf = v.expand(batch + v.shape[-2:]).reshape((BH,) + v.shape[-2:]).to(acc_dtype)
     out = torch.zeros((BH, L, Dv), dtype=acc_dtype, device=dev)
     lse = torch.full((BH, L), float("-inf"), dtype=acc_dtype, device=dev)
@@ -327,15 +354,22 @@ def _flash_attention_fast(q, k, v, batch, keep, is_causal, scale, block_q, block
         # blocks i, i + workers, ... so that causal attention's growing blocks balance.
         pool = _pool(workers)
         inference = torch.is_inference_mode_enabled()
-        jobs = [pool.submit(_in_worker, inference, _flash_query_blocks, starts[i::workers], *args)
-                for i in range(workers)]
+        jobs = [
+            pool.submit(
+                _in_worker, inference, _flash_query_blocks, starts[i::workers], *args
+            )
+            for i in range(workers)
+        ]
         for job in jobs:
             job.result()
     return _unflatten(out, lse, batch, q.dtype)
 
 
-def _flash_query_blocks(starts, qf, kt, vf, out, lse, keep, is_causal, block_q, block_k):
-    """Compute the query blocks starting at ``starts`` into ``out`` and ``lse`` (base-2 scores)."""
+def _flash_query_blocks(
+    starts, qf, kt, vf, out, lse, keep, is_causal, block_q, block_k
+):
+    """Compute the query blocks starting at ``starts`` into ``out`` and ``lse`` (base-2
+    scores)."""
     BH, L, _ = qf.shape
     S = vf.shape[1]
     bq_max, bk_max = min(block_q, L), min(block_k, S)
@@ -348,27 +382,37 @@ def _flash_query_blocks(starts, qf, kt, vf, out, lse, keep, is_causal, block_q, 
         bq = q1 - q0
         qb = qf[:, q0:q1]  # (BH, bq, D)
         m = m_buf[:, :bq].fill_(float("-inf"))  # running maximum
-        l = l_buf[:, :bq].zero_()  # running sum
+        ell = l_buf[:, :bq].zero_()  # running sum
         o = out[:, q0:q1]  # (BH, bq, Dv): the unnormalized output, accumulated in place
         k_end = min(S, q1) if is_causal else S
         for k0 in range(0, k_end, block_k):
             k1 = min(k0 + block_k, S)
-            s = torch.bmm(qb, kt[:, :, k0:k1], out=tile[: BH * bq * (k1 - k0)].view(BH, bq, k1 - k0))
+            s = torch.bmm(
+                qb,
+                kt[:, :, k0:k1],
+                out=tile[: BH * bq * (k1 - k0)].view(BH, bq, k1 - k0),
+            )
             tile_keep = _tile_mask(keep, is_causal, q0, q1, k0, k1, qf.device)
             if tile_keep is not None:
                 s.masked_fill_(~tile_keep.reshape((-1, bq, k1 - k0)), float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             # Only a user mask can leave a row without any key so far (m = -inf).
-            shift = m_new.masked_fill(torch.isneginf(m_new), 0.0) if keep is not None else m_new
+            shift = (
+                m_new.masked_fill(torch.isneginf(m_new), 0.0)
+                if keep is not None
+                else m_new
+            )
             alpha = torch.exp2(m - shift)
             p = s.sub_(shift).exp2_()
-            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            ell.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             o.mul_(alpha).baddbmm_(p, vf[:, k0:k1])
             m.copy_(m_new)
-        nonzero = l > 0
-        l_safe = torch.where(nonzero, l, torch.ones_like(l))
+        nonzero = ell > 0
+        l_safe = torch.where(nonzero, ell, torch.ones_like(ell))
         o.div_(l_safe)
-        lse[:, q0:q1] = torch.where(nonzero, (m + torch.log2(l_safe)) * _LN2, float("-inf")).squeeze(-1)
+        lse[:, q0:q1] = torch.where(
+            nonzero, (m + torch.log2(l_safe)) * _LN2, float("-inf")
+        ).squeeze(-1)
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -379,7 +423,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     if _POOL is None or _POOL._max_workers != workers:
         if _POOL is not None:
             _POOL.shutdown(wait=False)
-        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="softmaxbook-flash")
+        _POOL = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="softmaxbook-flash"
+        )
     return _POOL
 
 
@@ -391,7 +437,8 @@ def _in_worker(inference: bool, fn, *args):
 
 
 def _tile_mask(keep, is_causal, q0, q1, k0, k1, device):
-    """The boolean ``(..., bq, bk)`` tile of the mask, or None when every entry may attend.
+    """The boolean ``(..., bq, bk)`` tile of the mask, or None when every entry may
+    attend.
 
     For ``is_causal`` it is ``(bq, bk)``; for a mask, a slice of the expanded
     mask (a view: only the tile is ever copied).
@@ -408,19 +455,27 @@ def _tile_mask(keep, is_causal, q0, q1, k0, k1, device):
 
 
 def _unflatten(out, lse, batch, dtype):
-    return (out.reshape(batch + out.shape[-2:]).to(dtype),
-            lse.reshape(batch + lse.shape[-1:]))
+    return (
+        out.reshape(batch + out.shape[-2:]).to(dtype),
+        lse.reshape(batch + lse.shape[-1:]),
+    )
 
 
-def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor):
+def merge_attention_states(
+    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
+) -> tuple[Tensor, Tensor]:
     r"""Merge two partial attention results over disjoint key sets into one.
 
     If ``(out_a, lse_a)`` is attention over keys :math:`A` (with
     :math:`\mathrm{lse}_a = \log \sum_{j \in A} e^{s_j}`) and ``(out_b,
     lse_b)`` over keys :math:`B`, then attention over :math:`A \cup B` is
 
-    .. math:: \mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right), \qquad
-              o = e^{\mathrm{lse}_a - \mathrm{lse}}\, o_a + e^{\mathrm{lse}_b - \mathrm{lse}}\, o_b .
+    .. math::
+
+        \mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right),
+        \qquad
+        o = e^{\mathrm{lse}_a - \mathrm{lse}}\, o_a
+          + e^{\mathrm{lse}_b - \mathrm{lse}}\, o_b .
 
     This is the step that lets split-K decoding and ring attention compute
     attention over keys held in different places and combine the pieces
@@ -433,7 +488,8 @@ def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: T
     broadcast); ``out`` has the dtype of ``out_a``.
 
     Equivalent to ``(w_a * out_a + w_b * out_b, lse)`` with
-    ``lse = torch.logaddexp(lse_a, lse_b)`` and ``w = torch.exp(lse_x - lse)[..., None]``.
+    ``lse = torch.logaddexp(lse_a, lse_b)`` and ``w = torch.exp(lse_x - lse)[...,
+    None]``.
 
     Raises
     ------
@@ -442,26 +498,45 @@ def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: T
     ValueError
         If the shapes do not fit together.
     """
-    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+    for name, t in (
+        ("out_a", out_a),
+        ("lse_a", lse_a),
+        ("out_b", out_b),
+        ("lse_b", lse_b),
+    ):
         check_float(t, name)
-    for o_name, o, l_name, l in (("out_a", out_a, "lse_a", lse_a), ("out_b", out_b, "lse_b", lse_b)):
-        if o.dim() < 2 or tuple(l.shape) != tuple(o.shape[:-1]):
-            raise ValueError(f"{l_name} must have the shape of {o_name} without its last "
-                             f"dimension, (..., L); got {o_name} {tuple(o.shape)} and "
-                             f"{l_name} {tuple(l.shape)}")
+    for o_name, o, l_name, ell in (
+        ("out_a", out_a, "lse_a", lse_a),
+        ("out_b", out_b, "lse_b", lse_b),
+    ):
+        if o.dim() < 2 or tuple(ell.shape) != tuple(o.shape[:-1]):
+            raise ValueError(
+                f"{l_name} must have the shape of {o_name} without its last "
+                f"dimension, (..., L); got {o_name} {tuple(o.shape)} and "
+                f"{l_name} {tuple(ell.shape)}"
+            )
     try:
         torch.broadcast_shapes(out_a.shape, out_b.shape)
     except RuntimeError:
-        raise ValueError(f"out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} "
-                         "do not broadcast") from None
-    acc = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)
+        raise ValueError(
+            f"out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} "
+            "do not broadcast"
+        ) from None
+    acc = torch.promote_types(
+        torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32
+    )
     la, lb = lse_a.to(acc), lse_b.to(acc)
     m = torch.maximum(la, lb)
-    shift = m.masked_fill(torch.isneginf(m), 0.0)  # both parts empty: keep exp(-inf - -inf) out
+    shift = m.masked_fill(
+        torch.isneginf(m), 0.0
+    )  # both parts empty: keep exp(-inf - -inf) out
     wa, wb = torch.exp(la - shift), torch.exp(lb - shift)
     total = wa + wb
     lse = shift + torch.log(total)  # -inf where both parts are empty
     denom = torch.where(total > 0, total, torch.ones_like(total))
-    share_a, share_b = (wa / denom).unsqueeze(-1), (wb / denom).unsqueeze(-1)  # sum to 1
+    share_a, share_b = (
+        (wa / denom).unsqueeze(-1),
+        (wb / denom).unsqueeze(-1),
+    )  # sum to 1
     out = out_a.to(acc) * share_a + out_b.to(acc) * share_b
     return out.to(out_a.dtype), lse

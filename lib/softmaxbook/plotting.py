@@ -5,20 +5,34 @@ readable on the website's dark theme too), the colour-blind-safe Okabe-Ito
 palette, and labels large enough to read on a phone. Every helper returns the
 matplotlib ``Axes`` it drew on, so a caller can add to it.
 
-Call :func:`use_style` once at the top of a notebook.
+Call :func:`use_style` once at the top of a notebook. matplotlib is imported
+only when a figure is made or the style applied, so ``import softmaxbook``
+costs a training script nothing for figures.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import matplotlib as mpl
-import matplotlib.pyplot as plt
 import numpy as np
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is made, not before
+    from matplotlib.axes import Axes
 
 __all__ = ["PALETTE", "use_style", "plot_distribution", "plot_curves", "plot_heatmap"]
 
 #: Okabe and Ito's colour-blind-safe palette, without black (it vanishes in dark mode).
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#666666"]
+PALETTE = [
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#CC79A7",
+    "#56B4E9",
+    "#F0E442",
+    "#666666",
+]
 
 _STYLE = {
     "figure.figsize": (6.4, 3.6),
@@ -35,7 +49,6 @@ _STYLE = {
     "axes.grid": True,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.prop_cycle": mpl.cycler(color=PALETTE),
     "grid.color": "#dddddd",
     "grid.linewidth": 0.8,
     "legend.frameon": False,
@@ -52,11 +65,27 @@ _STYLE = {
 
 def use_style() -> None:
     """Apply the book's figure style to matplotlib (global, idempotent)."""
+    import matplotlib as mpl
+
     mpl.rcParams.update(_STYLE)
+    mpl.rcParams["axes.prop_cycle"] = mpl.cycler(color=PALETTE)
 
 
-def _axes(ax):
-    return ax if ax is not None else plt.subplots()[1]
+def _as_array(values) -> np.ndarray:
+    """A float64 NumPy array of ``values``: a tensor of any dtype, on any device."""
+    if hasattr(values, "detach"):  # a torch tensor; NumPy has no bfloat16
+        import torch
+
+        return values.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(values, dtype=float)
+
+
+def _axes(ax: Axes | None) -> Axes:
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt  # only when a figure is made
+
+    return plt.subplots()[1]
 
 
 def plot_distribution(
@@ -70,7 +99,7 @@ def plot_distribution(
     color: str | None = None,
     annotate: bool = True,
     fmt: str = "{:.3f}",
-):
+) -> Axes:
     """Bar chart of one vector, e.g. scores or the weights softmax makes of them.
 
     Parameters
@@ -82,7 +111,7 @@ def plot_distribution(
     annotate : bool
         Write each value above its bar, formatted with ``fmt``.
     """
-    v = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
+    v = _as_array(values)
     if v.ndim != 1:
         raise ValueError(f"values must be one-dimensional, got shape {v.shape}")
     ax = _axes(ax)
@@ -93,9 +122,14 @@ def plot_distribution(
     if annotate:
         for bar, value in zip(bars, v):
             y = bar.get_height()
-            ax.annotate(fmt.format(value), (bar.get_x() + bar.get_width() / 2, y),
-                        xytext=(0, 3 if y >= 0 else -12), textcoords="offset points",
-                        ha="center", fontsize=9)
+            ax.annotate(
+                fmt.format(value),
+                (bar.get_x() + bar.get_width() / 2, y),
+                xytext=(0, 3 if y >= 0 else -12),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+            )
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(axis="x", visible=False)
     return ax
@@ -113,7 +147,7 @@ def plot_curves(
     logy: bool = False,
     markers: bool = False,
     legend_title: str | None = None,
-):
+) -> Axes:
     """Line plot of a family of curves that share one x axis.
 
     Parameters
@@ -124,8 +158,13 @@ def plot_curves(
     """
     ax = _axes(ax)
     for label, y in curves.items():
-        ax.plot(x, np.asarray(y, dtype=float), label=label, marker="o" if markers else None,
-                markersize=4)
+        ax.plot(
+            x,
+            _as_array(y),
+            label=label,
+            marker="o" if markers else None,
+            markersize=4,
+        )
     if logx:
         ax.set_xscale("log")
     if logy:
@@ -149,7 +188,7 @@ def plot_heatmap(
     annotate: bool = False,
     fmt: str = "{:.2f}",
     colorbar: bool = True,
-):
+) -> Axes:
     """Heatmap of a 2-D matrix: attention weights, a mask, a Jacobian.
 
     Parameters
@@ -159,12 +198,13 @@ def plot_heatmap(
     annotate : bool
         Write each value in its cell (for small matrices).
     """
-    m = matrix.detach().cpu() if hasattr(matrix, "detach") else matrix
-    m = np.asarray(m, dtype=float)
+    m = _as_array(matrix)
     if m.ndim != 2:
         raise ValueError(f"matrix must be two-dimensional, got shape {m.shape}")
     ax = _axes(ax)
-    image = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
+    image = ax.imshow(
+        m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest"
+    )
     ax.grid(False)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if m.shape[1] <= 16:
@@ -175,8 +215,15 @@ def plot_heatmap(
         lo, hi = np.nanmin(m), np.nanmax(m)
         mid = (lo + hi) / 2
         for (i, j), value in np.ndenumerate(m):
-            ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=8,
-                    color="white" if value < mid else "black")
+            ax.text(
+                j,
+                i,
+                fmt.format(value),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if value < mid else "black",
+            )
     if colorbar:
         ax.figure.colorbar(image, ax=ax, shrink=0.8)
     return ax

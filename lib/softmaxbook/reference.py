@@ -7,6 +7,7 @@ arrays, and compute in float64 whatever the input dtype.
 Shapes: ``x`` is ``(..., N)`` and the functions reduce along ``axis``
 (default the last).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +43,8 @@ def naive_softmax(x, axis: int = -1) -> np.ndarray:
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
-    r"""Stable softmax: :math:`e^{x_i - m} / \sum_j e^{x_j - m}` with :math:`m = \max_j x_j`.
+    r"""Stable softmax: :math:`e^{x_i - m} / \sum_j e^{x_j - m}` with
+    :math:`m = \max_j x_j`.
 
     Subtracting the maximum changes nothing mathematically (softmax is
     invariant to adding a constant) but makes every exponent :math:`\le 0`, so
@@ -62,7 +64,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
-    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`, :math:`m = \max_j x_j`.
+    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
+    :math:`m = \max_j x_j`.
 
     A row of all ``-inf`` gives ``-inf`` (the log of an empty sum).
     """
@@ -105,7 +108,7 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
     m = np.full(x.shape[:-1] + (1,), -np.inf)
     d = np.zeros(x.shape[:-1] + (1,))
     for start in range(0, n, block_size):
-        block = x[..., start:start + block_size]
+        block = x[..., start : start + block_size]
         m_new = np.maximum(m, block.max(axis=-1, keepdims=True))
         m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
         d = d * np.exp(m - m_safe) + np.exp(block - m_safe).sum(axis=-1, keepdims=True)
@@ -117,7 +120,8 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
 
 
 def sparsemax(x, axis: int = -1) -> np.ndarray:
-    r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the simplex.
+    r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the
+    simplex.
 
     .. math:: \mathrm{sparsemax}(x) = \arg\min_{p \in \Delta} \lVert p - x \rVert^2
               = [x - \tau(x)]_+

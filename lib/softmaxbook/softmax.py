@@ -4,6 +4,7 @@ These are thin, checked wrappers around torch's fused kernels: the same dtype
 and device as the input, no extra copies, and a clear error for bad input.
 With ``temperature=1`` they cost exactly what ``torch.softmax`` costs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,14 +21,16 @@ def _scaled(x: Tensor, temperature: float) -> Tensor:
 
 
 def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
-    r"""Softmax along ``dim``: :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
+    r"""Softmax along ``dim``:
+    :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
 
-    Stable for any finite input: the row maximum is subtracted before ``exp``
-    (inside the kernel). On a CUDA device with Triton installed and no gradient
-    needed, the fused Triton kernel of :func:`~softmaxbook.kernels.fused_softmax`
-    runs; everywhere else torch's (:func:`~softmaxbook.explain_dispatch` says
-    which). Entries equal to ``-inf`` get weight 0; a ``nan``
-    anywhere in a row makes the whole row ``nan`` rather than hiding it.
+    This is ``torch.softmax``, on every device, plus one division of ``x``
+    by ``temperature`` when it is not 1: the same kernel, the same cost. It
+    never switches to another implementation; the fused Triton softmax is
+    opt-in, as :func:`softmaxbook.kernels.fused_softmax`. Stable for any
+    finite input: the kernel subtracts the row maximum before ``exp``.
+    Entries equal to ``-inf`` get weight 0; a ``nan`` anywhere in a row makes
+    the whole row ``nan`` rather than hiding it.
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
@@ -44,12 +47,7 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
     """
     check_float(x)
     dim = check_dim(x, dim)
-    x = _scaled(x, temperature)
-    if x.is_cuda:  # the only place a Triton kernel can run; decided in fused_softmax
-        from .kernels import fused_softmax
-
-        return fused_softmax(x, dim)
-    return torch.softmax(x, dim=dim)
+    return torch.softmax(_scaled(x, temperature), dim=dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
@@ -69,7 +67,8 @@ def log_softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor
 
 
 def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
-    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`, :math:`m = \max_j x_j`.
+    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
+    :math:`m = \max_j x_j`.
 
     A smooth maximum: :math:`\max_j x_j \le \operatorname{logsumexp}(x) \le
     \max_j x_j + \log N`. A row of all ``-inf`` gives ``-inf``.

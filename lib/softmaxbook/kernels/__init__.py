@@ -1,4 +1,5 @@
-r"""Triton kernels behind the library's functions: a fused row softmax and FlashAttention.
+r"""Triton kernels behind the library's functions: a fused row softmax and
+FlashAttention.
 
 On a CUDA device with Triton installed, :func:`fused_softmax` and
 :func:`~softmaxbook.flash_attention` run these kernels; everywhere else they run
@@ -13,16 +14,25 @@ interpreter must be chosen before Triton is first imported in the process:
 set the environment variable ``TRITON_INTERPRET=1`` before starting Python, or
 call :func:`enable_interpreter` before anything imports ``triton``.
 """
+
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .._checks import check_dim, check_float
-from ..device import explain_dispatch, triton_available
+from .._checks import check_attention_args, check_dim, check_float
+from . import dispatch
+from .dispatch import (
+    INTERPRETER_ENV_VAR,
+    DispatchDecision,
+    explain_dispatch,
+    interpreter_enabled,
+    triton_available,
+)
 
 __all__ = [
     "fused_softmax",
@@ -31,15 +41,10 @@ __all__ = [
     "enable_interpreter",
     "interpreter_enabled",
     "triton_available",
+    "explain_dispatch",
+    "DispatchDecision",
     "kernel_source",
 ]
-
-_INTERPRET = "TRITON_INTERPRET"
-
-
-def interpreter_enabled() -> bool:
-    """True when Triton runs (or, once imported, will run) kernels in its CPU interpreter."""
-    return os.environ.get(_INTERPRET, "0").strip().lower() in {"1", "true", "on", "yes"}
 
 
 def enable_interpreter() -> bool:
@@ -58,21 +63,27 @@ def enable_interpreter() -> bool:
         If Triton was already imported without the interpreter.
     """
     if not triton_available():
-        raise ImportError("Triton is not installed; pip install triton (or softmaxbook[gpu])")
+        raise ImportError(
+            "Triton is not installed; pip install triton (or softmaxbook[gpu])"
+        )
     if "triton" in sys.modules and not interpreter_enabled():
         raise RuntimeError(
-            "Triton was already imported without its interpreter; restart Python and call "
-            "softmaxbook.kernels.enable_interpreter() (or set TRITON_INTERPRET=1) before "
+            "Triton was already imported without its interpreter; restart Python "
+            "and call softmaxbook.kernels.enable_interpreter() (or set "
+            "TRITON_INTERPRET=1) before "
             "anything imports triton"
         )
-    os.environ[_INTERPRET] = "1"
+    os.environ[INTERPRETER_ENV_VAR] = "1"
     return True
 
 
 def _backend():
-    """Import the Triton kernels on first use, with a clear error when that cannot work."""
+    """Import the Triton kernels on first use, with a clear error when that cannot
+    work."""
     if not triton_available():
-        raise ImportError("Triton is not installed; pip install triton (or softmaxbook[gpu])")
+        raise ImportError(
+            "Triton is not installed; pip install triton (or softmaxbook[gpu])"
+        )
     from . import _triton
 
     return _triton
@@ -81,16 +92,21 @@ def _backend():
 def _check_runnable(t: Tensor, name: str) -> None:
     if t.device.type == "cuda":
         if interpreter_enabled():
-            raise RuntimeError(f"{name} is on a CUDA device but TRITON_INTERPRET=1 forces Triton's "
-                               "CPU interpreter; unset it to run the kernels natively")
+            raise RuntimeError(
+                f"{name} is on a CUDA device but TRITON_INTERPRET=1 forces Triton's "
+                "CPU interpreter; unset it to run the kernels natively"
+            )
         return
     if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device}; the Triton kernels run on CUDA devices, "
-                         "or on the CPU in Triton's interpreter")
+        raise ValueError(
+            f"{name} is on {t.device}; the Triton kernels run on CUDA devices, "
+            "or on the CPU in Triton's interpreter"
+        )
     if not interpreter_enabled():
         raise RuntimeError(
-            f"{name} is on the CPU, where Triton kernels run only in its interpreter: call "
-            "softmaxbook.kernels.enable_interpreter() before anything imports triton "
+            f"{name} is on the CPU, where Triton kernels run only in its "
+            "interpreter: call softmaxbook.kernels.enable_interpreter() before "
+            "anything imports triton "
             "(or set TRITON_INTERPRET=1), or use a CUDA tensor"
         )
 
@@ -115,7 +131,8 @@ def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
     TypeError
         If ``x`` is not a float16, bfloat16 or float32 tensor.
     ValueError
-        If a row is wider than the kernel's limit.
+        If a row is wider than the kernel's limit, 65536 entries
+        (``SOFTMAX_KERNEL_MAX_COLS``).
     RuntimeError
         If ``x`` is on the CPU and the interpreter is not enabled.
     """
@@ -123,11 +140,19 @@ def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
     dim = check_dim(x, dim)
     _check_kernel_dtype(x, "x")
     _check_runnable(x, "x")
+    width = x.shape[dim] if x.dim() else 1
+    if width > dispatch.SOFTMAX_KERNEL_MAX_COLS:
+        raise ValueError(
+            f"x has rows of {width} entries along dim={dim}; the fused kernel holds "
+            f"a row of at most {dispatch.SOFTMAX_KERNEL_MAX_COLS} in one piece "
+            "(fused_softmax falls back to torch.softmax for wider rows)"
+        )
     return _backend().softmax(x, dim)
 
 
 def fused_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    r"""Softmax that runs :func:`triton_softmax` where it can and ``torch.softmax`` elsewhere.
+    r"""Softmax that runs :func:`triton_softmax` where it can and ``torch.softmax``
+    elsewhere.
 
     The dispatch of :func:`~softmaxbook.explain_dispatch` ``("softmax", x)``:
     the Triton kernel for CUDA tensors when Triton is installed and no
@@ -154,7 +179,7 @@ def triton_flash_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
-):
+) -> Tensor | tuple[Tensor, Tensor]:
     r"""FlashAttention's forward pass as one Triton kernel.
 
     One program computes a block of query rows: it loads the queries once,
@@ -176,28 +201,40 @@ def triton_flash_attention(
     ------
     TypeError, ValueError
         For bad input, as :func:`~softmaxbook.flash_attention`; also for a
-        dtype other than float16, bfloat16, float32 or a head dimension above
-        256.
+        dtype other than float16, bfloat16, float32, for bfloat16 in Triton's
+        CPU interpreter (its ``tl.dot`` cannot multiply bfloat16), and for a
+        head dimension of q or v above ``ATTENTION_KERNEL_MAX_HEAD_DIM`` (256)
+        of ``softmaxbook.kernels.dispatch``.
     RuntimeError
         If the tensors are on the CPU and the interpreter is not enabled.
     """
-    from ..online import _attention_args
-
-    batch, scale, keep = _attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
     _check_kernel_dtype(q, "q")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_runnable(t, name)
-    if max(q.shape[-1], v.shape[-1]) > 256:
-        raise ValueError(f"the kernel takes head dimensions up to 256, got q {tuple(q.shape)} "
-                         f"and v {tuple(v.shape)}")
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        # Triton's interpreter multiplies the raw bit patterns of bfloat16 in tl.dot
+        # (not supported upstream): the output would be garbage, silently.
+        raise TypeError(
+            "q is bfloat16, which Triton's CPU interpreter cannot multiply (tl.dot "
+            "reads its raw bits); use float16 or float32 there, or a CUDA device"
+        )
+    limit = dispatch.ATTENTION_KERNEL_MAX_HEAD_DIM
+    if max(q.shape[-1], v.shape[-1]) > limit:
+        raise ValueError(
+            f"the kernel takes head dimensions up to {limit}, got q "
+            f"{tuple(q.shape)} and v {tuple(v.shape)}"
+        )
     out, lse = _backend().flash_attention(q, k, v, batch, keep, is_causal, scale)
     return (out, lse) if return_lse else out
 
 
 def _check_kernel_dtype(x: Tensor, name: str) -> None:
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"{name} must be float16, bfloat16 or float32 for the Triton kernels, "
-                        f"got {x.dtype}")
+        raise TypeError(
+            f"{name} must be float16, bfloat16 or float32 for the Triton kernels, "
+            f"got {x.dtype}"
+        )
 
 
 def kernel_source(name: str) -> str:
@@ -206,12 +243,10 @@ def kernel_source(name: str) -> str:
     Read from the module file without importing Triton, so that the book can
     show the kernels on any machine.
     """
-    from pathlib import Path
-
     names = {"softmax": "_softmax_kernel", "flash_attention": "_flash_attention_kernel"}
     if name not in names:
         raise ValueError(f"name={name!r} is unknown; expected one of {sorted(names)}")
     text = (Path(__file__).with_name("_triton.py")).read_text()
     start = text.index(f"@triton.jit\ndef {names[name]}(")
     end = text.find("\n\n\n", start)
-    return text[start:end if end != -1 else len(text)].rstrip() + "\n"
+    return text[start : end if end != -1 else len(text)].rstrip() + "\n"

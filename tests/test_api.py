@@ -1,0 +1,145 @@
+"""The public API is a promise: its names, their types, and how little importing costs.
+
+Instructors pin ``softmaxbook`` and build assignments on ``sb.<name>``: removing
+or renaming a public name breaks them, so the set of names is pinned here and
+changes only on purpose (add the new name to PUBLIC below in the same commit).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import softmaxbook as sb
+
+# Every name of softmaxbook.__all__. A name may be added; none may disappear.
+PUBLIC = {
+    # softmax
+    "softmax", "log_softmax", "logsumexp",
+    # masking
+    "causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value",
+    # attention
+    "scaled_dot_product_attention", "NORMALIZERS",
+    # online softmax and FlashAttention
+    "online_softmax", "flash_attention", "flash_attention_steps", "FlashStep",
+    "merge_attention_states",
+    # gradients
+    "softmax_jacobian", "softmax_backward", "SoftmaxFunction",
+    "softmax_with_custom_backward",
+    # alternatives
+    "sparsemax", "entmax15", "entmax_bisect", "softmax_one", "relu_normalize",
+    "sigmoid_normalize",
+    # sampling and calibration
+    "top_k_filter", "top_p_filter", "sample", "ReliabilityTable", "reliability_table",
+    "expected_calibration_error", "fit_temperature",
+    # analysis
+    "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
+    # models
+    "make_associative_recall", "MultiHeadAttention", "TransformerBlock",
+    "TinyTransformer", "TrainingHistory", "train", "evaluate",
+    # devices and the kernel dispatch
+    "get_device", "DEVICE_ENV_VAR", "explain_dispatch", "DispatchDecision",
+    "triton_available",
+    # notebooks and figures
+    "setup_notebook", "glue", "PALETTE", "use_style", "plot_distribution",
+    "plot_curves", "plot_heatmap",
+    # modules and the version
+    "reference", "kernels", "checks", "__version__",
+}  # fmt: skip
+
+# Names importable from a module path that chapters or courses may use.
+MODULE_PATHS = {
+    "softmaxbook.attention": ["NORMALIZERS", "scaled_dot_product_attention"],
+    "softmaxbook.device": ["get_device", "explain_dispatch", "DispatchDecision",
+                           "triton_available"],
+    "softmaxbook.kernels": ["fused_softmax", "triton_softmax", "triton_flash_attention",
+                            "enable_interpreter", "interpreter_enabled",
+                            "triton_available", "kernel_source", "explain_dispatch",
+                            "DispatchDecision"],
+    "softmaxbook.sampling": ["top_k_filter", "top_p_filter", "sample",
+                             "expected_calibration_error", "reliability_table",
+                             "fit_temperature", "ReliabilityTable"],
+    "softmaxbook.models": ["make_associative_recall", "TinyTransformer", "train",
+                           "evaluate", "TrainingHistory", "MultiHeadAttention",
+                           "TransformerBlock"],
+    "softmaxbook.reference": ["naive_softmax", "softmax", "log_softmax", "logsumexp",
+                              "online_softmax", "sparsemax"],
+}  # fmt: skip
+
+
+def test_the_public_names_are_the_promised_ones():
+    names = set(sb.__all__)
+    assert len(names) == len(sb.__all__), "a name is listed twice in __all__"
+    missing, new = PUBLIC - names, names - PUBLIC
+    assert not missing, f"public names removed: {sorted(missing)}"
+    assert not new, f"new public names: add them to PUBLIC on purpose: {sorted(new)}"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_public_name_is_importable_and_documented(name):
+    value = getattr(sb, name)
+    if callable(value) and not isinstance(value, type(sb)):
+        assert inspect.getdoc(value), f"sb.{name} has no docstring"
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_PATHS))
+def test_module_paths_keep_their_names(module):
+    imported = __import__(module, fromlist=["_"])
+    for name in MODULE_PATHS[module]:
+        assert hasattr(imported, name), f"{module}.{name} is gone"
+
+
+def _public_functions():
+    """Every public function and method of the library, with its qualified name."""
+    seen = {}
+    modules = [sb, sb.reference, sb.kernels]
+    for module in modules:
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isfunction(value):
+                seen[f"{module.__name__}.{name}"] = value
+            elif inspect.isclass(value):
+                for attr, member in vars(value).items():
+                    if attr.startswith("_") and attr != "__init__":
+                        continue
+                    function = getattr(member, "__func__", member)
+                    if inspect.isfunction(function):
+                        seen[f"{module.__name__}.{name}.{attr}"] = function
+    return seen
+
+
+PUBLIC_FUNCTIONS = _public_functions()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_FUNCTIONS))
+def test_public_functions_annotate_what_they_return(name):
+    signature = inspect.signature(PUBLIC_FUNCTIONS[name])
+    assert signature.return_annotation is not inspect.Signature.empty, (
+        f"{name} has no return annotation"
+    )
+
+
+def test_the_package_says_it_is_typed():
+    # PEP 561: type checkers read the annotations of a package that ships py.typed.
+    assert (Path(sb.__file__).parent / "py.typed").exists()
+
+
+def test_import_leaves_the_heavy_optional_packages_alone():
+    # matplotlib, tqdm and triton are imported only when a figure, a progress bar
+    # or a kernel is first needed. (torch itself imports tqdm for torch.hub on
+    # some versions, so tqdm is checked against a bare `import torch`.)
+    code = (
+        "import sys, torch; before = set(sys.modules); import softmaxbook; "
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    new = ast.literal_eval(done.stdout)  # a list of module names
+    for heavy in ("matplotlib", "tqdm", "triton", "entmax"):
+        assert heavy not in new, f"import softmaxbook imports {heavy}"

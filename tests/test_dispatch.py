@@ -1,0 +1,113 @@
+"""Tests of softmaxbook.kernels.dispatch: which code path a call takes, and why.
+
+The rule reads plain facts (device types, dtypes, gradient, widths), so it is
+tested here without a GPU and without Triton.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import softmaxbook as sb
+from softmaxbook.kernels import dispatch
+
+
+def test_cpu_tensors_take_the_torch_path():
+    x = torch.randn(2, 3)
+    decision = sb.explain_dispatch("softmax", x)
+    assert decision == sb.DispatchDecision("softmax", "torch", decision.reason)
+    assert "CUDA devices only" in decision.reason and "on cpu" in decision.reason
+    assert str(decision).startswith("softmax -> torch: ")
+    q = torch.randn(1, 4, 8)
+    assert sb.explain_dispatch("flash_attention", q, q, q).path == "torch"
+
+
+def _facts(**overrides):
+    facts = {
+        "device_types": {"cuda"},
+        "dtypes": {torch.float16},
+        "needs_grad": False,
+        "width": 64,
+        "have_triton": True,
+        "interpreter": False,
+    }
+    facts.update(overrides)
+    return facts
+
+
+@pytest.mark.parametrize("op", ["softmax", "flash_attention"])
+def test_decision_rule_takes_triton_on_cuda(op):
+    assert dispatch._decide(op, **_facts()).path == "triton"
+
+
+@pytest.mark.parametrize(
+    "overrides,reason",
+    [
+        ({"device_types": {"cuda", "cpu"}}, "CUDA devices only"),
+        ({"have_triton": False}, "Triton is not installed"),
+        ({"dtypes": {torch.float64}}, "not torch.float64"),
+        ({"dtypes": {torch.float16, torch.float32}}, "different dtypes"),
+        ({"needs_grad": True}, "forward pass only"),
+    ],
+)
+def test_decision_rule_falls_back_with_a_reason(overrides, reason):
+    decision = dispatch._decide("flash_attention", **_facts(**overrides))
+    assert decision.path == "torch" and reason in decision.reason
+
+
+def test_decision_rule_shape_limits():
+    wide = dispatch._decide(
+        "softmax", **_facts(width=dispatch.SOFTMAX_KERNEL_MAX_COLS + 1)
+    )
+    assert wide.path == "torch" and "exceed" in wide.reason
+    deep = dispatch._decide("flash_attention", **_facts(width=512))
+    assert deep.path == "torch" and "head dimension 512" in deep.reason
+
+
+def test_explain_dispatch_sees_autograd_and_triton(monkeypatch):
+    x = torch.randn(3, requires_grad=True)
+    monkeypatch.setattr(dispatch, "_decide", lambda op, **facts: facts)
+    assert sb.explain_dispatch("softmax", x)["needs_grad"] is True
+    with torch.no_grad():
+        assert sb.explain_dispatch("softmax", x)["needs_grad"] is False
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda name: None)
+    assert sb.explain_dispatch("softmax", x)["have_triton"] is False
+    assert sb.triton_available() is False
+
+
+def test_explain_dispatch_bad_input():
+    with pytest.raises(ValueError, match="op='matmul' is unknown"):
+        sb.explain_dispatch("matmul", torch.ones(2))
+    with pytest.raises(ValueError, match="needs the tensors"):
+        sb.explain_dispatch("softmax")
+    with pytest.raises(TypeError, match=r"argument 1 must be a torch.Tensor"):
+        sb.explain_dispatch("softmax", [1.0, 2.0])
+
+
+# ---------------------------------------------------------------- the fixed defects
+
+
+def _captured_facts(monkeypatch):
+    monkeypatch.setattr(dispatch, "_decide", lambda op, **facts: facts)
+
+
+def test_the_value_head_size_counts_too(monkeypatch):
+    # q and k have D = 64, v has Dv = 512: above the kernel's limit, so torch.
+    _captured_facts(monkeypatch)
+    q, v = torch.zeros(2, 8, 64), torch.zeros(2, 8, 512)
+    assert sb.explain_dispatch("flash_attention", q, q, v)["width"] == 512
+    monkeypatch.undo()
+    deep_v = dispatch._decide("flash_attention", **_facts(width=512))
+    assert deep_v.path == "torch" and "512" in deep_v.reason
+
+
+def test_the_interpreter_keeps_cuda_tensors_on_torch(monkeypatch):
+    # TRITON_INTERPRET=1 runs Triton on CPU tensors only: CUDA tensors go to torch.
+    decision = dispatch._decide("flash_attention", **_facts(interpreter=True))
+    assert decision.path == "torch" and "TRITON_INTERPRET" in decision.reason
+    _captured_facts(monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is True
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is False

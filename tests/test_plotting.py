@@ -1,0 +1,65 @@
+"""softmaxbook.plotting: the figure helpers draw what they are given, in any dtype."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display in tests
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+
+import softmaxbook as sb
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str
+)
+def test_plot_distribution_draws_the_values_in_any_dtype(dtype):
+    values = torch.tensor([0.25, 0.5, 0.125, 0.125], dtype=dtype)
+    ax = sb.plot_distribution(values, title="weights", xlabel="key", ylabel="weight")
+    heights = [bar.get_height() for bar in ax.patches]
+    np.testing.assert_array_equal(heights, [0.25, 0.5, 0.125, 0.125])  # exact in bf16
+    assert ax.get_title() == "weights" and ax.get_xlabel() == "key"
+    assert [t.get_text() for t in ax.texts] == ["0.250", "0.500", "0.125", "0.125"]
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.bool], ids=str
+)
+def test_plot_heatmap_draws_the_matrix_in_any_dtype(dtype):
+    matrix = torch.tensor([[1.0, 0.0, 0.5], [0.25, 1.0, 0.0]]).to(dtype)
+    ax = sb.plot_heatmap(matrix, title="map", annotate=True)
+    drawn = ax.images[0].get_array()
+    np.testing.assert_array_equal(np.asarray(drawn), matrix.float().numpy())
+    assert ax.get_title() == "map" and ax.get_ylabel() == "query position"
+    assert len(ax.texts) == 6
+
+
+def test_plot_curves_one_line_per_curve_with_a_legend():
+    ax = sb.plot_curves([1, 2, 3], {"a": [1, 2, 3], "b": torch.tensor([3.0, 2.0, 1.0])})
+    assert [line.get_label() for line in ax.lines] == ["a", "b"]
+    np.testing.assert_array_equal(ax.lines[1].get_ydata(), [3.0, 2.0, 1.0])
+    assert ax.get_legend() is not None
+
+
+def test_use_style_sets_the_palette():
+    sb.use_style()
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    assert colors == sb.PALETTE
+    assert matplotlib.rcParams["figure.facecolor"] == "white"
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="one-dimensional"):
+        sb.plot_distribution(torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="two-dimensional"):
+        sb.plot_heatmap(torch.zeros(3))
