@@ -1,27 +1,20 @@
 """Timers shared by the benchmarks: a median of wall-clock runs, and CUDA events.
 
-Written once here, used by every script in ``benchmarks/`` (performance is
-measured here, never in the tests).
+Used by every script in ``benchmarks/`` (performance is measured here, never
+in the tests). The wall-clock timer and the machine line are the library's
+(:mod:`softmaxbook.timing`), so that chapters and benchmarks measure alike.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import statistics
-import time
 from collections.abc import Callable
+
+from softmaxbook.timing import machine_info, time_call
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     """Median wall-clock time of ``repeats`` calls of ``fn``, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time_call(fn, repeats=repeats, warmup=1)
 
 
 def cuda_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -45,21 +38,5 @@ def cuda_seconds(fn: Callable[[], object], repeats: int) -> float:
     return start.elapsed_time(end) / 1e3 / repeats
 
 
-def machine() -> str:
-    """One line naming the CPU, its cores and torch's threads (and the GPU, if any)."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    line = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} with "
-    line += f"{torch.get_num_threads()} threads"
-    if torch.cuda.is_available():
-        line += f"; GPU: {torch.cuda.get_device_name()}"
-    return line
+#: One line naming the CPU, its cores and torch's threads (and the GPU, if any).
+machine = machine_info

@@ -48,6 +48,8 @@ PUBLIC = {
     # notebooks and figures
     "setup_notebook", "glue", "PALETTE", "use_style", "plot_distribution",
     "plot_curves", "plot_heatmap",
+    # timing cells
+    "time_call", "machine_info",
     # modules and the version
     "reference", "kernels", "checks", "__version__",
 }  # fmt: skip

@@ -27,6 +27,7 @@ from . import (
     plotting,
     reference,
     sampling,
+    timing,
 )
 from . import softmax as _softmax_module
 from .alternatives import *  # noqa: F403
@@ -42,6 +43,7 @@ from .online import *  # noqa: F403
 from .plotting import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .softmax import *  # noqa: F403
+from .timing import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -63,6 +65,7 @@ __all__ = [
     *kernels.dispatch.__all__,
     *notebook.__all__,
     *plotting.__all__,
+    *timing.__all__,
     "reference",
     "kernels",
     "checks",

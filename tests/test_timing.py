@@ -1,0 +1,62 @@
+"""time_call and machine_info: what a chapter's timing cell prints."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+import softmaxbook as sb
+
+
+def test_time_call_measures_the_call_not_the_warmup():
+    calls = []
+
+    def work(seconds):
+        calls.append(seconds)
+        time.sleep(seconds)
+
+    elapsed = sb.time_call(work, 0.02, repeats=3, warmup=2)
+    assert len(calls) == 5
+    assert 0.015 < elapsed < 0.5  # a 20 ms sleep, on any machine
+
+
+def test_time_call_statistics():
+    durations = iter([0.0, 0.03, 0.01, 0.05])  # warm-up, then three timed calls
+    fast = sb.time_call(lambda: time.sleep(next(durations)), repeats=3, statistic="min")
+    assert 0.005 < fast < 0.025
+
+
+def test_time_call_passes_arguments():
+    seen = {}
+    sb.time_call(lambda a, b: seen.update(a=a, b=b), 1, 2, repeats=1, warmup=0)
+    assert seen == {"a": 1, "b": 2}
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"repeats": 0}, ValueError, "repeats"),
+        ({"repeats": 2.0}, TypeError, "repeats"),
+        ({"warmup": -1}, ValueError, "warmup"),
+        ({"warmup": True}, TypeError, "warmup"),
+        ({"statistic": "mean"}, ValueError, "statistic"),
+    ],
+)
+def test_time_call_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        sb.time_call(lambda: None, **kwargs)
+
+
+def test_time_call_needs_a_callable():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        sb.time_call(torch.ones(2))
+
+
+def test_machine_info_names_cores_and_threads():
+    line = sb.machine_info()
+    assert f"{os.cpu_count()} logical cores" in line
+    assert f"torch {torch.__version__}" in line
+    assert f"{torch.get_num_threads()} thread" in line
