@@ -80,7 +80,8 @@ test-oldest:
 	$(OLDEST)/bin/python -m pip uninstall --quiet --yes triton
 	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
 	env -u CI $(OLDEST)/bin/python -m pytest tests -p no:nbval -o addopts="" \
-	    -m "not slow" --ignore=tests/test_site.py -p no:cacheprovider
+	    -m "not slow" --ignore=tests/test_book.py --ignore=tests/test_site.py \
+	    --ignore=tests/test_workflows.py -p no:cacheprovider
 
 ## execute: re-run every chapter in place, refreshing its stored outputs
 execute: $(STAMP)
