@@ -61,6 +61,11 @@ execute: $(STAMP)
 	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False \
 	    $(if $(NB),$(NB),$(CHAPTERS))
 
+## experiments: re-run chapter 9's seed sweep on two cores (minutes) into chapters/data/
+.PHONY: experiments
+experiments: $(STAMP)
+	$(BIN)/python experiments/case_study_sweep.py --workers 2
+
 ## lab: JupyterLab on the chapters
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet jupyterlab
