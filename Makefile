@@ -94,6 +94,11 @@ execute: $(STAMP)
 student: $(STAMP)
 	$(BIN)/python tools/student.py --out _build/student $(if $(NB),$(NB),$(CHAPTERS))
 
+## experiments: re-run chapter 9's seed sweep on two cores (minutes) into chapters/data/
+.PHONY: experiments
+experiments: $(STAMP)
+	$(BIN)/python experiments/case_study_sweep.py --workers 2
+
 ## lab: JupyterLab on the chapters
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet jupyterlab
