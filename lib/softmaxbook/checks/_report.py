@@ -78,10 +78,8 @@ class CheckReport:
             )
         return "\n".join(lines)
 
-    def _repr_pretty_(
-        self, printer, cycle
-    ) -> None:  # IPython shows str(), not the fields
-        printer.text(str(self))
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str(self))  # IPython shows str(), not the fields
 
     def raise_if_failed(self) -> None:
         """Raise ``AssertionError`` with every problem, if there is any (for pytest)."""

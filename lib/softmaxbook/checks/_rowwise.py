@@ -26,34 +26,8 @@ def wrong_dim_candidates(x: Tensor, function) -> list[Candidate]:
     return found
 
 
-def _rowwise(
-    session: Session,
-    label: str,
-    x: Tensor,
-    want: Tensor,
-    *,
-    candidates=None,
-    explain=None,
-    magnitude: bool = False,
-    first=None,
-) -> bool:
-    """Check ``fn(x)`` against ``want``; False when the result is unusable."""
-    out = session.call(label, [("x", x)], shapes=[x.shape])
-    if out is None:
-        return False
-    size = x.abs().nan_to_num(posinf=0.0).max().clamp(min=1.0) if magnitude else 1.0
-    if session.dtype(label, out, x.dtype):
-        session.values(
-            label,
-            out,
-            want,
-            x.dtype,
-            candidates=candidates,
-            explain=explain,
-            magnitude=float(size),
-            first=first and (lambda: first(x)),
-        )
-    return True
+# The random inputs: a vector, a matrix and a (B, H, L, S) batch.
+SHAPES = [(6,), (3, 7), (2, 3, 4, 5)]
 
 
 def rowwise_checks(
@@ -62,69 +36,52 @@ def rowwise_checks(
     seed: int,
     reference_fn,
     derivative,
-    extremes,
-    basic,
+    basic: list[float],
+    extremes: list[tuple[list, str]],
+    checked_extremes: str,
     candidates,
     explain,
-    shapes,
     scale: float,
-    gradient: bool,
-    checked_extremes: str,
     magnitude: bool = False,
     first=None,
 ) -> list[str]:
-    """The checks shared by the row-wise functions (softmax, log-softmax, sparsemax)."""
-    x = torch.tensor(basic, dtype=F64)
-    if not _rowwise(
-        session,
-        input_label("scores", x),
-        x,
-        tensor64(reference_fn(numpy64(x))),
-        candidates=lambda: candidates(x),
-        explain=lambda got, want: explain(got, want, x),
-        first=first,
-        magnitude=magnitude,
-    ):
+    """The checks of a function normalizing rows (softmax, log-softmax, sparsemax).
+
+    ``fn(x)`` is compared with ``reference_fn`` (NumPy, float64) on ``basic``
+    (the first, simplest input: when it fails, nothing else runs), random
+    scores of :data:`SHAPES` times ``scale``, each of ``extremes`` (values,
+    words) in float64 and float32, the matrix in every dtype and on the
+    accelerator; then its gradient with ``derivative(x, grad_out)``.
+    ``candidates(x)``, ``explain(got, want, x)`` and ``first(x)`` diagnose a
+    mismatch (see :meth:`Session.values`); with ``magnitude``, the tolerance
+    grows with the size of the scores. Returns what was checked, in words.
+    """
+
+    def check(x: Tensor, note: str = "") -> bool:
+        size = x.abs().nan_to_num(posinf=0.0).max().clamp(min=1.0) if magnitude else 1
+        return session.run(
+            input_label("scores", x, note),
+            [("x", x)],
+            want=tensor64(reference_fn(numpy64(x))),
+            dtype=x.dtype,
+            candidates=lambda: candidates(x),
+            explain=lambda got, want: explain(got, want, x),
+            magnitude=float(size),
+            first=first and (lambda: first(x)),
+        )
+
+    if not check(torch.tensor(basic, dtype=F64)):
         session.stopped = True
         return []
     g = generator(seed)
-    inputs = [randn(g, *shape, scale=scale) for shape in shapes]
+    inputs = [randn(g, *shape, scale=scale) for shape in SHAPES]
     for x in inputs:
-        _rowwise(
-            session,
-            input_label("scores", x),
-            x,
-            tensor64(reference_fn(numpy64(x))),
-            candidates=lambda x=x: candidates(x),
-            explain=lambda got, want, x=x: explain(got, want, x),
-            first=first,
-            magnitude=magnitude,
-        )
-    for _, values, note in extremes:
+        check(x)
+    for values, note in extremes:
         for dtype in (F64, F32):
-            x = torch.tensor(values, dtype=dtype)
-            _rowwise(
-                session,
-                input_label("scores", x, note),
-                x,
-                tensor64(reference_fn(numpy64(x))),
-                candidates=lambda x=x: candidates(x),
-                explain=lambda got, want, x=x: explain(got, want, x),
-                first=first,
-                magnitude=magnitude,
-            )
+            check(torch.tensor(values, dtype=dtype), note)
     for dtype in session.dtypes():
-        x = inputs[1].to(dtype)
-        _rowwise(
-            session,
-            input_label("scores", x),
-            x,
-            tensor64(reference_fn(numpy64(x))),
-            candidates=lambda x=x: candidates(x),
-            explain=lambda got, want, x=x: explain(got, want, x),
-            first=first,
-            magnitude=magnitude,
-        )
+        check(inputs[1].to(dtype))
     x = inputs[1].to(F32)
     session.on_device(
         input_label("scores", x, "on the accelerator"),
@@ -132,7 +89,7 @@ def rowwise_checks(
         shapes=[x.shape],
         want=tensor64(reference_fn(numpy64(x))),
     )
-    if gradient and not session.numpy:
+    if session.check_gradient:
         x = inputs[1]
         grad_out = randn(g, *x.shape)
         compare_gradients(
@@ -147,13 +104,13 @@ def rowwise_checks(
         )
     return [
         f"values against the reference on scores of shapes ({len(basic)},)"
-        + "".join(f", {tuple(s)}" for s in shapes),
+        + "".join(f", {tuple(s)}" for s in SHAPES),
         checked_extremes,
         f"the dtype kept ({session.dtype_words()})",
         "the device kept",
         "the input not modified",
     ] + (
         ["the gradient, by autograd through your function"]
-        if gradient and not session.numpy
+        if session.check_gradient
         else []
     )

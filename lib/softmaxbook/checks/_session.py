@@ -37,6 +37,15 @@ from ._report import (
 
 Candidate = tuple[str, Tensor, str]  # (key, what that mistake returns, hint)
 
+# What to change when a function returns something other than a tensor, by its type.
+_RETURN_HINTS = {
+    "list": "build the result with tensor operations, not a Python list",
+    "float": "do not call .item() or float(): keep the result a tensor",
+    "NoneType": "did you forget the return statement?",
+    "tuple": "return only the result (torch.max returns a (values, indices) "
+    "pair: use .values)",
+}
+
 
 class Scalar:
     """A non-tensor argument passed through :meth:`Session.call` untouched."""
@@ -49,7 +58,14 @@ class Session(Problems):
     """One run of a checker: calls ``fn`` safely and collects problems by kind."""
 
     def __init__(
-        self, fn, noun: str, *, numpy: bool = False, device=None, hints: tuple = ()
+        self,
+        fn,
+        noun: str,
+        *,
+        numpy: bool = False,
+        gradient: bool = False,
+        device=None,
+        hints: tuple = (),
     ):
         if not callable(fn):
             raise TypeError(
@@ -60,6 +76,7 @@ class Session(Problems):
             raise TypeError(f"numpy must be True or False, got {type(numpy).__name__}")
         super().__init__()
         self.fn, self.noun, self.numpy = fn, noun, numpy
+        self.check_gradient = bool(gradient) and not numpy  # autograd needs torch
         # The device check runs on the accelerator; on a CPU-only machine it would
         # repeat the float32 checks, so it runs there only when asked for.
         self.device = torch.device(device) if device is not None else get_device()
@@ -132,6 +149,33 @@ class Session(Problems):
                 self._wrong_device(label, device, o.device)
                 return None
         return result
+
+    def run(
+        self,
+        label: str,
+        args,
+        kwargs=(),
+        *,
+        want: Tensor,
+        dtype,
+        shape=None,
+        shape_hint: Callable[[tuple, tuple], str] | None = None,
+        **diagnosis,
+    ) -> bool:
+        """Call ``fn`` on one input and compare its result with ``want``.
+
+        The result must have the shape of ``want`` (or ``shape``) and ``dtype``;
+        ``diagnosis`` (``candidates``, ``explain``, ...) goes to :meth:`values`.
+        False when no usable result came back (an exception, a wrong type or
+        shape), so that a checker can stop at its first, simplest input.
+        """
+        shapes = [want.shape if shape is None else shape]
+        out = self.call(label, args, kwargs, shapes=shapes, shape_hint=shape_hint)
+        if out is None:
+            return False
+        if self.dtype(label, out, dtype):
+            self.values(label, out, want, dtype, **diagnosis)
+        return True
 
     def _wrong_device(self, label: str, want, got) -> None:
         self.problem(
@@ -227,13 +271,7 @@ class Session(Problems):
             kind = f"a {type(out).__name__} of dtype {dtype_name(out.dtype)}"
         else:
             kind = "None" if out is None else f"a {type(out).__name__}"
-        hint = {
-            "list": "build the result with tensor operations, not a Python list",
-            "float": "do not call .item() or float(): keep the result a tensor",
-            "NoneType": "did you forget the return statement?",
-            "tuple": "return only the result (torch.max returns a (values, indices) "
-            "pair: use .values)",
-        }.get(type(out).__name__, "")
+        hint = _RETURN_HINTS.get(type(out).__name__, "")
         if isinstance(out, np.ndarray) and not self.numpy:
             hint = "stay in torch (or check a NumPy function with numpy=True)"
         if isinstance(out, Tensor) and self.numpy:
@@ -291,33 +329,17 @@ class Session(Problems):
         want = want.to(F64)
         if bool(close(g, want, atol, rtol).all()):
             return True
-        hint = first() if first else ""
-        if hint:
-            self.problem(
-                (key, hint),
-                label,
-                mismatch(label, self.noun, g, want, what) + " " + hint,
-            )
-            return False
-        for _, result, hint in candidates() if candidates else []:
-            if result.shape == g.shape and bool(
-                close(g, result, atol, rtol, nan=True).all()
-            ):
-                self.problem(
-                    (key, hint),
-                    label,
-                    mismatch(label, self.noun, g, want, what) + " " + hint,
-                )
-                return False
-        hint = explain(g, want) if explain else ""
+        hint = (
+            (first() if first else "")
+            or _known_mistake(g, atol, rtol, candidates() if candidates else [])
+            or (explain(g, want) if explain else "")
+        )
         self.problem(
             (key, hint),
             label,
             mismatch(label, self.noun, g, want, what) + (" " + hint if hint else ""),
         )
         return False
-
-    # -- devices -----------------------------------------------------------------------
 
     def on_device(self, label: str, args, kwargs=(), *, shapes, want, outputs: int = 1):
         """Run on the accelerator, if there is one; check the device and the values.
@@ -327,12 +349,23 @@ class Session(Problems):
         """
         if self.numpy or (self.device.type == "cpu" and not self.device_asked):
             return
-        move = [(n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in args]
-        kmove = [
-            (n, t.to(self.device) if isinstance(t, Tensor) else t) for n, t in kwargs
-        ]
-        out = self.call(label, move, kmove, shapes=shapes, outputs=outputs)
+        args, kwargs = self._to_device(args), self._to_device(kwargs)
+        out = self.call(label, args, kwargs, shapes=shapes, outputs=outputs)
         if out is None:
             return
         for o, w in zip(out if outputs > 1 else [out], want if outputs > 1 else [want]):
             self.values(label, o, w, F16)
+
+    def _to_device(self, named) -> list:
+        move = self.device
+        return [(n, t.to(move) if isinstance(t, Tensor) else t) for n, t in named]
+
+
+def _known_mistake(got: Tensor, atol: float, rtol: float, candidates) -> str:
+    """The hint of the first known mistake that returns ``got``, or ""."""
+    for _, result, hint in candidates:
+        if result.shape == got.shape and bool(
+            close(got, result, atol, rtol, nan=True).all()
+        ):
+            return hint
+    return ""

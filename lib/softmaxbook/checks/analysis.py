@@ -109,24 +109,16 @@ def _entropy_shape_hint(got: tuple, w: Tensor) -> str:
 
 
 def _entropy_run(session, label, w) -> bool:
-    out = session.call(
+    return session.run(
         label,
         [("weights", w)],
-        shapes=[w.shape[:-2]],
+        want=_entropy_np(w),
+        dtype=w.dtype,
+        shape=w.shape[:-2],  # one number per map
         shape_hint=lambda got, want: _entropy_shape_hint(got, w),
+        candidates=lambda: _entropy_candidates(w),
+        explain=_entropy_explain(w),
     )
-    if out is None:
-        return False
-    if session.dtype(label, out, w.dtype):
-        session.values(
-            label,
-            out,
-            _entropy_np(w),
-            w.dtype,
-            candidates=lambda: _entropy_candidates(w),
-            explain=_entropy_explain(w),
-        )
-    return True
 
 
 def check_attention_entropy(
@@ -175,7 +167,9 @@ def check_attention_entropy(
     >>> sb.checks.check_attention_entropy(sb.attention_entropy).ok
     True
     """
-    session = Session(fn, "your entropy function", numpy=numpy, device=device)
+    session = Session(
+        fn, "your entropy function", numpy=numpy, gradient=gradient, device=device
+    )
     w = torch.softmax(
         torch.tensor(
             [[1.0, 0.5, 2.5, -0.1], [0.0, 0.0, 1.0, 2.0], [3.0, -1.0, 0.0, 0.5]],
@@ -216,22 +210,8 @@ def check_attention_entropy(
         shapes=[(2, 3)],
         want=_entropy_np(maps),
     )
-    if gradient and not session.numpy:
-        grad_out = torch.tensor(1.0, dtype=F64)
-        want = torch.autograd.functional.vjp(_entropy_t, padded, grad_out)[1]
-        compare_gradients(
-            session,
-            "a causal map (5, 5) whose row 2 is all zeros (float64)",
-            [("weights", padded)],
-            wrt={"weights"},
-            shapes=[()],
-            output_grads=[grad_out],
-            want={"weights": want},
-            hint=_XLOGX_HINT,
-            where=padded > 0,
-            project=lambda grad: _centered(grad, padded > 0),
-            forward=_entropy_np(padded),
-        )
+    if session.check_gradient:
+        _check_gradient(session, padded)
     checked = [
         "softmax maps of shapes (3, 4) and (2, 3, 5, 6)",
         "exact zeros (0 log 0 = 0)",
@@ -246,7 +226,27 @@ def check_attention_entropy(
             "a finite gradient, equal to the reference on each row's support (up to a "
             "constant per row)"
         ]
-        if gradient and not session.numpy
+        if session.check_gradient
         else []
     )
     return session.report("check_attention_entropy", checked)
+
+
+def _check_gradient(session: Session, padded: Tensor) -> None:
+    """A finite gradient, equal to the reference on each row's support (up to a
+    constant per row), on a map with a row of zeros."""
+    grad_out = torch.tensor(1.0, dtype=F64)
+    want = torch.autograd.functional.vjp(_entropy_t, padded, grad_out)[1]
+    compare_gradients(
+        session,
+        "a causal map (5, 5) whose row 2 is all zeros (float64)",
+        [("weights", padded)],
+        wrt={"weights"},
+        shapes=[()],
+        output_grads=[grad_out],
+        want={"weights": want},
+        hint=_XLOGX_HINT,
+        where=padded > 0,
+        project=lambda grad: _centered(grad, padded > 0),
+        forward=_entropy_np(padded),
+    )

@@ -104,24 +104,39 @@ def _attention_explain(mask):
 
 
 def _attention_case(session, label, q, k, v, mask=None, *, keyword=True) -> bool:
-    kwargs = [("mask", mask)] if keyword else []
+    """``fn(q, k, v, mask=mask)``, or ``fn(q, k, v)`` when not ``keyword``."""
     shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (
         q.shape[-2],
         v.shape[-1],
     )
-    out = session.call(label, [("q", q), ("k", k), ("v", v)], kwargs, shapes=[shape])
-    if out is None:
-        return False
-    if session.dtype(label, out, q.dtype):
-        session.values(
-            label,
-            out,
-            _attention_np(q, k, v, mask),
-            q.dtype,
-            candidates=lambda: _attention_candidates(q, k, v, mask),
-            explain=_attention_explain(mask),
-        )
-    return True
+    return session.run(
+        label,
+        [("q", q), ("k", k), ("v", v)],
+        [("mask", mask)] if keyword else [],
+        want=_attention_np(q, k, v, mask),
+        dtype=q.dtype,
+        shape=shape,
+        candidates=lambda: _attention_candidates(q, k, v, mask),
+        explain=_attention_explain(mask),
+    )
+
+
+_BATCHED = "q (2, 3, 5, 16), k (2, 3, 7, 16), v (2, 3, 7, 4) (float64)"
+_NOTHING = ", a causal mask whose query 3 may attend to nothing"
+
+
+def _masks() -> list[tuple[str, Tensor]]:
+    """(words, mask) for the batched input, 5 queries and 7 keys; the last has a
+    query with nothing to attend to."""
+    causal = torch.ones(5, 7, dtype=torch.bool).tril()
+    padding = (torch.arange(7) < torch.tensor([7, 4])[:, None]).reshape(2, 1, 1, 7)
+    empty = causal.clone()
+    empty[3] = False
+    return [
+        (", a causal mask (5, 7)", causal),
+        (", a padding mask (2, 1, 1, 7) with lengths 7 and 4", padding),
+        (_NOTHING, empty),
+    ]
 
 
 def check_attention(
@@ -181,7 +196,9 @@ def check_attention(
     >>> sb.checks.check_attention(attention).ok
     True
     """
-    session = Session(fn, "your attention", numpy=numpy, device=device)
+    session = Session(
+        fn, "your attention", numpy=numpy, gradient=gradient, device=device
+    )
     g = generator(5)
     q, k, v = randn(g, 4, 8), randn(g, 6, 8), randn(g, 6, 5)
     if not _attention_case(
@@ -194,40 +211,19 @@ def check_attention(
     ):
         session.stopped = True
         return session.report("check_attention", [])
-    qb, kb, vb = randn(g, 2, 3, 5, 16), randn(g, 2, 3, 7, 16), randn(g, 2, 3, 7, 4)
-    batched = "q (2, 3, 5, 16), k (2, 3, 7, 16), v (2, 3, 7, 4) (float64)"
-    _attention_case(session, batched + ", no mask", qb, kb, vb, keyword=False)
-    causal = torch.ones(5, 7, dtype=torch.bool).tril()
-    padding = (torch.arange(7) < torch.tensor([7, 4])[:, None]).reshape(2, 1, 1, 7)
-    empty = causal.clone()
-    empty[3] = False
+    batch = randn(g, 2, 3, 5, 16), randn(g, 2, 3, 7, 16), randn(g, 2, 3, 7, 4)
+    _attention_case(session, _BATCHED + ", no mask", *batch, keyword=False)
     if masks:
-        _attention_case(session, batched + ", a causal mask (5, 7)", qb, kb, vb, causal)
-        _attention_case(
-            session,
-            batched + ", a padding mask (2, 1, 1, 7) with lengths 7 and 4",
-            qb,
-            kb,
-            vb,
-            padding,
-        )
-        _attention_case(
-            session,
-            batched + ", a causal mask whose query 3 may attend to nothing",
-            qb,
-            kb,
-            vb,
-            empty,
-        )
+        for words, mask in _masks():
+            _attention_case(session, _BATCHED + words, *batch, mask)
     qo = torch.tensor([[50.0] * 4, [0.0] * 4], dtype=F64)
     ko = torch.tensor([[10.0] * 4, [0.0] * 4, [-10.0] * 4], dtype=F64)
-    vo = randn(g, 3, 2)
     _attention_case(
         session,
         "q (2, 4), k (3, 4) with scores q k^T / sqrt(D) up to 1000 (overflow)",
         qo,
         ko,
-        vo,
+        randn(g, 3, 2),
         keyword=False,
     )
     for dtype in session.dtypes():
@@ -246,53 +242,50 @@ def check_attention(
         shapes=[(4, 5)],
         want=_attention_np(q32, k32, v32),
     )
-    if gradient and not session.numpy:
-        grad_out = randn(g, 2, 3, 5, 4)
-        mask = empty if masks else None
-        want = torch.autograd.functional.vjp(
-            lambda a, b, c: _attention_t(a, b, c, mask), (qb, kb, vb), grad_out
-        )[1]
-        compare_gradients(
-            session,
-            batched
-            + (
-                ", a causal mask whose query 3 may attend to nothing"
-                if masks
-                else ", no mask"
-            ),
-            [("q", qb), ("k", kb), ("v", vb)],
-            [("mask", mask)] if masks else [],
-            wrt={"q", "k", "v"},
-            shapes=[(2, 3, 5, 4)],
-            output_grads=[grad_out],
-            want=dict(zip("qkv", want)),
-            forward=_attention_np(qb, kb, vb, mask),
-        )
-    checked = (
-        [
-            "values on (L, D) and (B, H, L, D) inputs with L != S and D != Dv",
-            "the 1/sqrt(D) scale",
-            "the softmax over the keys",
-        ]
-        + (
-            [
-                "causal and padding masks (True = may attend)",
-                "a query with nothing to attend gives zeros",
-            ]
-            if masks
-            else []
-        )
-        + [
-            "overflow",
-            f"the dtype kept ({session.dtype_words()})",
-            "the device kept",
-            "the inputs not modified",
-        ]
-        + (
-            ["the gradients with respect to q, k and v"]
-            if gradient and not session.numpy
-            else []
-        )
-        + ([] if masks else ["not checked with masks=False: masks"])
+    if session.check_gradient:
+        _check_gradients(session, g, batch, masks)
+    return session.report("check_attention", _checked(session, masks))
+
+
+def _check_gradients(session: Session, g: torch.Generator, batch, masks: bool) -> None:
+    """The gradients with respect to q, k and v, with a query that sees nothing."""
+    grad_out = randn(g, 2, 3, 5, 4)
+    mask = _masks()[-1][1] if masks else None
+    want = torch.autograd.functional.vjp(
+        lambda a, b, c: _attention_t(a, b, c, mask), batch, grad_out
+    )[1]
+    compare_gradients(
+        session,
+        _BATCHED + (_NOTHING if masks else ", no mask"),
+        list(zip("qkv", batch)),
+        [("mask", mask)] if masks else [],
+        wrt={"q", "k", "v"},
+        shapes=[(2, 3, 5, 4)],
+        output_grads=[grad_out],
+        want=dict(zip("qkv", want)),
+        forward=_attention_np(*batch, mask),
     )
-    return session.report("check_attention", checked)
+
+
+def _checked(session: Session, masks: bool) -> list[str]:
+    checked = [
+        "values on (L, D) and (B, H, L, D) inputs with L != S and D != Dv",
+        "the 1/sqrt(D) scale",
+        "the softmax over the keys",
+    ]
+    if masks:
+        checked += [
+            "causal and padding masks (True = may attend)",
+            "a query with nothing to attend gives zeros",
+        ]
+    checked += [
+        "overflow",
+        f"the dtype kept ({session.dtype_words()})",
+        "the device kept",
+        "the inputs not modified",
+    ]
+    if session.check_gradient:
+        checked.append("the gradients with respect to q, k and v")
+    if not masks:
+        checked.append("not checked with masks=False: masks")
+    return checked

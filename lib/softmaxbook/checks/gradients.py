@@ -73,19 +73,15 @@ def _backward_explain(got: Tensor, want: Tensor) -> str:
 
 
 def _backward_case(session, label, s, grad) -> bool:
-    out = session.call(label, [("s", s), ("grad_output", grad)], shapes=[s.shape])
-    if out is None:
-        return False
-    if session.dtype(label, out, s.dtype):
-        session.values(
-            label,
-            out,
-            softmax_vjp(s.to(F64), grad.to(F64)),
-            s.dtype,
-            candidates=lambda: _backward_candidates(s.to(F64), grad.to(F64)),
-            explain=_backward_explain,
-        )
-    return True
+    s64, grad64 = s.to(F64), grad.to(F64)
+    return session.run(
+        label,
+        [("s", s), ("grad_output", grad)],
+        want=softmax_vjp(s64, grad64),
+        dtype=s.dtype,
+        candidates=lambda: _backward_candidates(s64, grad64),
+        explain=_backward_explain,
+    )
 
 
 def check_softmax_backward(

@@ -33,6 +33,19 @@ _UNIFORM_HINT = (
     "a finite fill such as -1e9 does (every score equal, so the softmax is uniform). "
     "Use -inf for masked scores and give rows with nothing to attend all-zero weights."
 )
+_NAN_MASK_HINT = (
+    "nan appeared in rows that keep some entries: 0 * -inf is nan, so an "
+    "additive mask built as (~mask) * float('-inf') poisons every entry of "
+    "a row with a masked key. Build the masked scores with "
+    "scores.masked_fill(~mask, float('-inf')) or torch.where."
+)
+_BACKWARD_NAN_HINT = (
+    "The forward pass may give zeros and the backward pass "
+    "still nan: torch.where(c, a, b) sends gradient into both "
+    "branches, and a nan in the branch not taken poisons it. "
+    "Replace a fully masked row's scores with 0 before the "
+    "softmax, and zero its weights after."
+)
 
 
 def _masked_reference(scores: Tensor, mask: Tensor) -> Tensor:
@@ -53,14 +66,6 @@ def _masked_candidates(scores: Tensor, mask: Tensor) -> list[Candidate]:
     ]
 
 
-_NAN_MASK_HINT = (
-    "nan appeared in rows that keep some entries: 0 * -inf is nan, so an "
-    "additive mask built as (~mask) * float('-inf') poisons every entry of "
-    "a row with a masked key. Build the masked scores with "
-    "scores.masked_fill(~mask, float('-inf')) or torch.where."
-)
-
-
 def _masked_explain(scores: Tensor, mask: Tensor):
     def explain(got: Tensor, want: Tensor) -> str:
         keep = mask.expand(want.shape)
@@ -70,9 +75,7 @@ def _masked_explain(scores: Tensor, mask: Tensor):
         if bool(kept_zero.all()) and bool(((masked != 0) & masked.isfinite()).any()):
             return POLARITY_HINT
         if bool(got[~empty].isnan().any()):
-            small = bool(
-                scores.abs().max() < 80
-            )  # exp cannot overflow, even in float32
+            small = bool(scores.abs().max() < 80)  # exp cannot overflow in float32
             return _NAN_MASK_HINT if small else MAX_HINT
         if bool(empty.any()):
             rows = got[empty].reshape(-1, want.shape[-1])
@@ -98,21 +101,14 @@ def _masked_explain(scores: Tensor, mask: Tensor):
 
 
 def _masked_case(session: Session, label: str, scores: Tensor, mask: Tensor) -> bool:
-    out = session.call(
-        label, [("scores", scores), ("mask", mask)], shapes=[scores.shape]
+    return session.run(
+        label,
+        [("scores", scores), ("mask", mask)],
+        want=_masked_reference(scores, mask),
+        dtype=scores.dtype,
+        candidates=lambda: _masked_candidates(scores, mask),
+        explain=_masked_explain(scores, mask),
     )
-    if out is None:
-        return False
-    if session.dtype(label, out, scores.dtype):
-        session.values(
-            label,
-            out,
-            _masked_reference(scores, mask),
-            scores.dtype,
-            candidates=lambda: _masked_candidates(scores, mask),
-            explain=_masked_explain(scores, mask),
-        )
-    return True
 
 
 def check_masked_softmax(
@@ -158,7 +154,9 @@ def check_masked_softmax(
     >>> sb.checks.check_masked_softmax(sb.masked_softmax).ok
     True
     """
-    session = Session(fn, "your masked softmax", numpy=numpy, device=device)
+    session = Session(
+        fn, "your masked softmax", numpy=numpy, gradient=gradient, device=device
+    )
     scores = torch.tensor([[1.0, 0.5, 2.5, -0.1]] * 3, dtype=F64)
     causal = torch.ones(3, 4, dtype=torch.bool).tril()
     if not _masked_case(
@@ -167,29 +165,7 @@ def check_masked_softmax(
         session.stopped = True
         return session.report("check_masked_softmax", [])
     g = generator(4)
-    x = randn(g, 2, 3, 5, 6, scale=3.0)
-    cases = [
-        (
-            "random scores of shape (2, 3, 5, 6) (float64) with a random mask of the "
-            "same shape",
-            x,
-            random_mask(g, 2, 3, 5, 6),
-        ),
-        (
-            "random scores of shape (2, 3, 5, 6) (float64) with a causal mask of shape "
-            "(5, 6)",
-            x,
-            torch.ones(5, 6, dtype=torch.bool).tril(),
-        ),
-        (
-            "random scores of shape (2, 3, 5, 6) (float64) with a padding mask of "
-            "shape (2, 1, 1, 6), lengths 6 and 4",
-            x,
-            (torch.arange(6) < torch.tensor([6, 4])[:, None]).reshape(2, 1, 1, 6),
-        ),
-    ]
-    for label, s, m in cases:
-        _masked_case(session, label, s, m)
+    _check_mask_shapes(session, g)
     empty = causal.clone()
     empty[1] = False
     _masked_case(
@@ -206,49 +182,7 @@ def check_masked_softmax(
         big,
         torch.tensor([True, True, False]),
     )
-    low = randn(g, 4, 6, scale=3.0)
-    low_mask = random_mask(g, 4, 6)
-    low_mask[2] = False
-    for dtype in [F64] + session.dtypes():
-        s = low.to(dtype)
-        _masked_case(
-            session,
-            f"random scores of shape (4, 6) ({dtype_name(dtype)}) with a "
-            f"random mask whose row 2 is fully masked",
-            s,
-            low_mask,
-        )
-    s = low.to(F32)
-    session.on_device(
-        "float32 scores on the accelerator",
-        [("scores", s), ("mask", low_mask)],
-        shapes=[s.shape],
-        want=_masked_reference(s, low_mask),
-    )
-    if gradient and not session.numpy:
-        grad_out = randn(g, 4, 6)
-        s = low.clone()
-        want = torch.autograd.functional.vjp(
-            lambda t: softmax64(t, low_mask), s, grad_out
-        )[1]
-        compare_gradients(
-            session,
-            "random scores of shape (4, 6) (float64) with a random mask "
-            "whose row 2 is fully masked",
-            [("scores", s), ("mask", low_mask)],
-            wrt={"scores"},
-            shapes=[s.shape],
-            output_grads=[grad_out],
-            want={"scores": want},
-            forward=_masked_reference(s, low_mask),
-            hint=(
-                "The forward pass may give zeros and the backward pass "
-                "still nan: torch.where(c, a, b) sends gradient into both "
-                "branches, and a nan in the branch not taken poisons it. "
-                "Replace a fully masked row's scores with 0 before the "
-                "softmax, and zero its weights after."
-            ),
-        )
+    _check_dtypes_device_gradient(session, g)
     checked = [
         "values on shapes (3, 4) and (2, 3, 5, 6) with full-size, causal (L, S) "
         "and padding (B, 1, 1, S) masks",
@@ -260,7 +194,64 @@ def check_masked_softmax(
         "the inputs not modified",
     ] + (
         ["the gradient, by autograd, finite and zero on a fully masked row"]
-        if gradient and not session.numpy
+        if session.check_gradient
         else []
     )
     return session.report("check_masked_softmax", checked)
+
+
+def _check_mask_shapes(session: Session, g: torch.Generator) -> None:
+    """Batched scores with a full-size, a causal (L, S) and a padding mask."""
+    x = randn(g, 2, 3, 5, 6, scale=3.0)
+    batched = "random scores of shape (2, 3, 5, 6) (float64) with "
+    masks = [
+        ("a random mask of the same shape", random_mask(g, 2, 3, 5, 6)),
+        ("a causal mask of shape (5, 6)", torch.ones(5, 6, dtype=torch.bool).tril()),
+        (
+            "a padding mask of shape (2, 1, 1, 6), lengths 6 and 4",
+            (torch.arange(6) < torch.tensor([6, 4])[:, None]).reshape(2, 1, 1, 6),
+        ),
+    ]
+    for words, mask in masks:
+        _masked_case(session, batched + words, x, mask)
+
+
+def _check_dtypes_device_gradient(session: Session, g: torch.Generator) -> None:
+    """Every dtype, the accelerator and the gradient, with a fully masked row."""
+    low = randn(g, 4, 6, scale=3.0)
+    low_mask = random_mask(g, 4, 6)
+    low_mask[2] = False
+    for dtype in [F64] + session.dtypes():
+        _masked_case(
+            session,
+            f"random scores of shape (4, 6) ({dtype_name(dtype)}) with a "
+            f"random mask whose row 2 is fully masked",
+            low.to(dtype),
+            low_mask,
+        )
+    s = low.to(F32)
+    session.on_device(
+        "float32 scores on the accelerator",
+        [("scores", s), ("mask", low_mask)],
+        shapes=[s.shape],
+        want=_masked_reference(s, low_mask),
+    )
+    if not session.check_gradient:
+        return
+    grad_out = randn(g, 4, 6)
+    s = low.clone()
+    want = torch.autograd.functional.vjp(lambda t: softmax64(t, low_mask), s, grad_out)[
+        1
+    ]
+    compare_gradients(
+        session,
+        "random scores of shape (4, 6) (float64) with a random mask "
+        "whose row 2 is fully masked",
+        [("scores", s), ("mask", low_mask)],
+        wrt={"scores"},
+        shapes=[s.shape],
+        output_grads=[grad_out],
+        want={"scores": want},
+        forward=_masked_reference(s, low_mask),
+        hint=_BACKWARD_NAN_HINT,
+    )

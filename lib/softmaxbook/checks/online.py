@@ -17,12 +17,23 @@ from ._session import Candidate, Session
 
 __all__ = ["check_merge_attention_states"]
 
+_NAMES = ["out_a", "lse_a", "out_b", "lse_b"]
+
 
 def _partial(q, k, v) -> tuple[Tensor, Tensor]:
     """Attention of ``q`` over keys ``k`` (float64): the output and the logsumexp."""
     scores = numpy64(q) @ np.swapaxes(numpy64(k), -1, -2) / math.sqrt(q.shape[-1])
     return tensor64(reference.softmax(scores) @ numpy64(v)), tensor64(
         reference.logsumexp(scores)
+    )
+
+
+def _parts(q, k, v, at: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(out_a, lse_a, out_b, lse_b)``: the keys before ``at``, and the others."""
+    before, after = slice(None, at), slice(at, None)
+    return (
+        *_partial(q, k[..., before, :], v[..., before, :]),
+        *_partial(q, k[..., after, :], v[..., after, :]),
     )
 
 
@@ -83,7 +94,7 @@ def _merge_explain(got: Tensor, want: Tensor) -> str:
 
 
 def _merge_run(session, label, oa, la, ob, lb, want) -> bool:
-    args = [("out_a", oa), ("lse_a", la), ("out_b", ob), ("lse_b", lb)]
+    args = list(zip(_NAMES, (oa, la, ob, lb)))
     out = session.call(label, args, shapes=[oa.shape, la.shape], outputs=2)
     if out is None:
         return False
@@ -147,11 +158,10 @@ def check_merge_attention_states(
     >>> sb.checks.check_merge_attention_states(sb.merge_attention_states).ok
     True
     """
-    session = Session(fn, "your merge", numpy=numpy, device=device)
+    session = Session(fn, "your merge", numpy=numpy, gradient=gradient, device=device)
     g = generator(8)
     q, k, v = randn(g, 2, 3, 4), randn(g, 2, 6, 4), randn(g, 2, 6, 5)
-    first = (*_partial(q, k[:, :2], v[:, :2]), *_partial(q, k[:, 2:], v[:, 2:]))
-    want = _partial(q, k, v)
+    first, want = _parts(q, k, v, 2), _partial(q, k, v)
     split = "parts over keys 0-1 and 2-5 of random q (2, 3, 4), k, v (float64)"
     if not _merge_run(session, split, *first, want):
         session.stopped = True
@@ -161,16 +171,47 @@ def check_merge_attention_states(
         session, split + ", in the other order", out_b, lse_b, out_a, lse_a, want
     )
     q2, k2, v2 = randn(g, 2, 2, 4, 8), randn(g, 2, 2, 9, 8), randn(g, 2, 2, 9, 3)
-    second = (
-        *_partial(q2, k2[..., :7, :], v2[..., :7, :]),
-        *_partial(q2, k2[..., 7:, :], v2[..., 7:, :]),
-    )
     _merge_run(
         session,
         "parts over keys 0-6 and 7-8 of random q (2, 2, 4, 8), k, v (float64)",
-        *second,
+        *_parts(q2, k2, v2, 7),
         _partial(q2, k2, v2),
     )
+    _check_extremes(session, g)
+    for dtype in session.dtypes():
+        _merge_run(
+            session,
+            f"the parts of the first split in {dtype_name(dtype)}",
+            *[t.to(dtype) for t in first],
+            want,
+        )
+    session.on_device(
+        "float32 parts on the accelerator",
+        list(zip(_NAMES, [t.float() for t in first])),
+        shapes=[out_a.shape, lse_a.shape],
+        want=want,
+        outputs=2,
+    )
+    if session.check_gradient:
+        _check_gradients(session, g, split, first, want)
+    checked = [
+        "agreement with attention over all keys, two splits and batch shapes",
+        "both orders",
+        "lse of +-1000",
+        "an empty part and two empty parts",
+        f"the output's dtype kept ({session.dtype_words()})",
+        "the device kept",
+        "the inputs not modified",
+    ] + (
+        ["the gradients with respect to all four inputs"]
+        if session.check_gradient
+        else []
+    )
+    return session.report("check_merge_attention_states", checked)
+
+
+def _check_extremes(session: Session, g: torch.Generator) -> None:
+    """Logsumexps of +-1000, an empty part and two empty parts."""
     o1, o2 = randn(g, 2, 5), randn(g, 2, 5)
     for la, lb, words in [
         ([1000.0, -1000.0], [999.0, -1001.0], "+-1000"),
@@ -189,46 +230,21 @@ def check_merge_attention_states(
             lb,
             _merge_np(oa, la, ob, lb),
         )
-    for dtype in session.dtypes():
-        _merge_run(
-            session,
-            f"the parts of the first split in {dtype_name(dtype)}",
-            *[t.to(dtype) for t in first],
-            want,
-        )
-    names = ["out_a", "lse_a", "out_b", "lse_b"]
-    session.on_device(
-        "float32 parts on the accelerator",
-        list(zip(names, [t.float() for t in first])),
+
+
+def _check_gradients(session: Session, g, label: str, parts, want) -> None:
+    """The gradients with respect to all four inputs."""
+    out_a, lse_a = parts[:2]
+    grads = randn(g, *out_a.shape), randn(g, *lse_a.shape)
+    want_grads = torch.autograd.functional.vjp(_merge_t, parts, grads)[1]
+    compare_gradients(
+        session,
+        label,
+        list(zip(_NAMES, parts)),
+        wrt=set(_NAMES),
         shapes=[out_a.shape, lse_a.shape],
-        want=want,
         outputs=2,
+        output_grads=list(grads),
+        want=dict(zip(_NAMES, want_grads)),
+        forward=want,
     )
-    if gradient and not session.numpy:
-        grads = randn(g, *out_a.shape), randn(g, *lse_a.shape)
-        want_grads = torch.autograd.functional.vjp(_merge_t, first, grads)[1]
-        compare_gradients(
-            session,
-            split,
-            list(zip(names, first)),
-            wrt=set(names),
-            shapes=[out_a.shape, lse_a.shape],
-            outputs=2,
-            output_grads=list(grads),
-            want=dict(zip(names, want_grads)),
-            forward=want,
-        )
-    checked = [
-        "agreement with attention over all keys, two splits and batch shapes",
-        "both orders",
-        "lse of +-1000",
-        "an empty part and two empty parts",
-        f"the output's dtype kept ({session.dtype_words()})",
-        "the device kept",
-        "the inputs not modified",
-    ] + (
-        ["the gradients with respect to all four inputs"]
-        if gradient and not session.numpy
-        else []
-    )
-    return session.report("check_merge_attention_states", checked)

@@ -177,16 +177,11 @@ def _top_p_inputs() -> list[tuple[str, Tensor, float]]:
 
 
 def _top_p_run(session: Session, label: str, z: Tensor, p: float) -> bool:
-    out = session.call(label, [("logits", z), ("p", Scalar(p))], shapes=[z.shape])
-    if out is None:
-        return False
-    if session.dtype(label, out, z.dtype):
-        session.values(
-            label,
-            out,
-            tensor64(_top_p_np(numpy64(z), p)),
-            z.dtype,
-            candidates=lambda: _top_p_candidates(z, p),
-            explain=_top_p_explain,
-        )
-    return True
+    return session.run(
+        label,
+        [("logits", z), ("p", Scalar(p))],
+        want=tensor64(_top_p_np(numpy64(z), p)),
+        dtype=z.dtype,
+        candidates=lambda: _top_p_candidates(z, p),
+        explain=_top_p_explain,
+    )

@@ -17,6 +17,15 @@ from ._session import Candidate, Session
 
 __all__ = ["check_softmax", "check_log_softmax"]
 
+_BASIC = [1.0, 0.5, 2.5, -0.1]
+# Where the textbook formulas break: (scores, what they test).
+_EXTREMES = [
+    ([1000.0, 0.0], "overflow"),
+    ([-1000.0, -1000.0], "underflow"),
+    ([[0.0, 1.0], [1000.0, 1001.0]], "rows on different scales"),
+    ([0.0, -INF, 1.0], "a score of -inf"),
+]
+
 
 def _softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
     if bool(got.isnan().any()) and not bool(want.isnan().any()):
@@ -29,12 +38,11 @@ def _softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
 
 
 def _softmax_candidates(x: Tensor) -> list[Candidate]:
+    xs = numpy64(x)
     found = wrong_dim_candidates(x, reference.softmax)
-    if (
-        x.dim() > 1 and x.shape[0] > 1
-    ):  # the maximum of the whole tensor, not of each row
-        with np.errstate(all="ignore"):
-            e = np.exp(numpy64(x) - numpy64(x).max())
+    with np.errstate(all="ignore"):
+        if x.dim() > 1 and x.shape[0] > 1:  # the maximum of the whole tensor
+            e = np.exp(xs - xs.max())
             found.append(
                 (
                     "global max",
@@ -44,8 +52,7 @@ def _softmax_candidates(x: Tensor) -> list[Candidate]:
                     "whole tensor: a row far below it underflows to 0 / 0.",
                 )
             )
-    with np.errstate(all="ignore"):
-        mean = np.exp(numpy64(x) - numpy64(x).mean(axis=-1, keepdims=True))
+        mean = np.exp(xs - xs.mean(axis=-1, keepdims=True))
     found.append(
         (
             "mean",
@@ -54,7 +61,7 @@ def _softmax_candidates(x: Tensor) -> list[Candidate]:
             "exponent <= 0, so that exp cannot overflow.",
         )
     )
-    found.append(("naive", tensor64(reference.naive_softmax(numpy64(x))), MAX_HINT))
+    found.append(("naive", tensor64(reference.naive_softmax(xs)), MAX_HINT))
     return found
 
 
@@ -109,25 +116,17 @@ def check_softmax(
     >>> sb.checks.check_softmax(my_softmax).ok
     True
     """
-    session = Session(fn, "your softmax", numpy=numpy, device=device)
-    extremes = [
-        ("overflow", [1000.0, 0.0], "overflow"),
-        ("underflow", [-1000.0, -1000.0], "underflow"),
-        ("scales", [[0.0, 1.0], [1000.0, 1001.0]], "rows on different scales"),
-        ("-inf", [0.0, -INF, 1.0], "a score of -inf"),
-    ]
+    session = Session(fn, "your softmax", numpy=numpy, gradient=gradient, device=device)
     checked = rowwise_checks(
         session,
         seed=1,
         reference_fn=reference.softmax,
-        basic=[1.0, 0.5, 2.5, -0.1],
         derivative=lambda x, g: softmax_vjp(torch.softmax(x, -1), g),
-        extremes=extremes,
+        basic=_BASIC,
+        extremes=_EXTREMES,
         candidates=_softmax_candidates,
         explain=_softmax_explain,
-        shapes=[(6,), (3, 7), (2, 3, 4, 5)],
         scale=3.0,
-        gradient=gradient,
         checked_extremes="rows sum to one; overflow [1000, 0] and underflow "
         "[-1000, -1000] in float64 and float32; rows on different "
         "scales; a score of -inf",
@@ -161,35 +160,32 @@ def _log_softmax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
 
 
 def _log_softmax_candidates(x: Tensor) -> list[Candidate]:
+    xs = numpy64(x)
     found = wrong_dim_candidates(x, reference.log_softmax)
     with np.errstate(all="ignore"):
-        found.append(
-            (
-                "naive lse",
-                tensor64(
-                    numpy64(x) - np.log(np.exp(numpy64(x)).sum(-1, keepdims=True))
-                ),
-                "Subtract the maximum inside the logsumexp: exp(1000) overflows to "
-                "inf and exp(-1000) underflows to 0. " + _LSE_HINT,
-            )
-        )
-        found.append(
-            (
-                "softmax",
-                tensor64(reference.softmax(numpy64(x))),
-                "Those are the probabilities: log-softmax returns their "
-                "logarithms, x - logsumexp(x).",
-            )
-        )
-        found.append(
-            (
-                "log of softmax",
-                tensor64(np.log(reference.softmax(numpy64(x)))),
-                "That is log(softmax(x)): the softmax rounds tiny probabilities "
-                "to 0 and log(0) = -inf. " + _LSE_HINT,
-            )
-        )
-    return found
+        naive_lse = np.log(np.exp(xs).sum(-1, keepdims=True))
+        softmax = reference.softmax(xs)
+        log_of_softmax = np.log(softmax)
+    return found + [
+        (
+            "naive lse",
+            tensor64(xs - naive_lse),
+            "Subtract the maximum inside the logsumexp: exp(1000) overflows to "
+            "inf and exp(-1000) underflows to 0. " + _LSE_HINT,
+        ),
+        (
+            "softmax",
+            tensor64(softmax),
+            "Those are the probabilities: log-softmax returns their "
+            "logarithms, x - logsumexp(x).",
+        ),
+        (
+            "log of softmax",
+            tensor64(log_of_softmax),
+            "That is log(softmax(x)): the softmax rounds tiny probabilities "
+            "to 0 and log(0) = -inf. " + _LSE_HINT,
+        ),
+    ]
 
 
 def check_log_softmax(
@@ -233,29 +229,19 @@ def check_log_softmax(
     >>> sb.checks.check_log_softmax(my_log_softmax).ok
     True
     """
-    session = Session(fn, "your log-softmax", numpy=numpy, device=device)
-    extremes = [
-        ("overflow", [1000.0, 0.0], "overflow"),
-        ("underflow", [-1000.0, -1000.0], "underflow"),
-        ("scales", [[0.0, 1.0], [1000.0, 1001.0]], "rows on different scales"),
-        ("-inf", [0.0, -INF, 1.0], "a score of -inf"),
-    ]
-
-    def derivative(x, g):
-        return g - torch.softmax(x, -1) * g.sum(-1, keepdim=True)
-
+    session = Session(
+        fn, "your log-softmax", numpy=numpy, gradient=gradient, device=device
+    )
     checked = rowwise_checks(
         session,
         seed=2,
         reference_fn=reference.log_softmax,
-        basic=[1.0, 0.5, 2.5, -0.1],
-        derivative=derivative,
-        extremes=extremes,
+        derivative=lambda x, g: g - torch.softmax(x, -1) * g.sum(-1, keepdim=True),
+        basic=_BASIC,
+        extremes=_EXTREMES,
         candidates=_log_softmax_candidates,
         explain=_log_softmax_explain,
-        shapes=[(6,), (3, 7), (2, 3, 4, 5)],
         scale=3.0,
-        gradient=gradient,
         magnitude=True,
         checked_extremes="exp of each row sums to one; [1000, 0] and [-1000, -1000] in "
         "float64 and float32; rows on different scales; a score of -inf",

@@ -17,6 +17,19 @@ from ._session import Candidate, Session
 
 __all__ = ["check_sparsemax"]
 
+# (scores, what they test)
+_EXTREMES = [
+    ([1.0, 1.0, 1.0, 1.0], "ties"),
+    ([3.0, 0.0, 0.0], "a one-hot result"),
+    ([1000.0, 999.5, 0.0], "large scores"),
+    ([100.6, 100.3, 100.8, 99.9], "the basic scores + 100"),
+]
+_INDEX_HINT = (
+    "out of bounds",
+    "An index went out of range: the support size k counts from 1 "
+    "(it is at least 1), and the k-th largest score sits at index k - 1.",
+)
+
 _SUPPORT_HINT = (
     "Check the support: sort the scores in decreasing order, z_1 >= z_2 >= "
     "..., keep the largest k (counting from 1) with 1 + k z_k > z_1 + ... + "
@@ -58,13 +71,10 @@ def _sparsemax_candidates(x: Tensor) -> list[Candidate]:
     return found
 
 
-def _sparsemax_explainer(session: Session):
-    def explain(got: Tensor, want: Tensor, x: Tensor) -> str:
-        if bool((got < 0).any()):
-            return "Weights are never negative: clip at zero, max(x - tau, 0)."
-        return _support_hint(got, want)
-
-    return explain
+def _sparsemax_explain(got: Tensor, want: Tensor, x: Tensor) -> str:
+    if bool((got < 0).any()):
+        return "Weights are never negative: clip at zero, max(x - tau, 0)."
+    return _support_hint(got, want)
 
 
 def _sorted_hint(session: Session, x: Tensor) -> str:
@@ -152,54 +162,44 @@ def check_sparsemax(
         fn,
         "your sparsemax",
         numpy=numpy,
+        gradient=gradient,
         device=device,
-        hints=[
-            (
-                "out of bounds",
-                "An index went out of range: the support size k counts from 1 "
-                "(it is at least 1), and the k-th largest score sits at index k - 1.",
-            )
-        ],
+        hints=[_INDEX_HINT],
     )
-    explain = _sparsemax_explainer(session)
-    extremes = [
-        ("ties", [1.0, 1.0, 1.0, 1.0], "ties"),
-        ("one-hot", [3.0, 0.0, 0.0], "a one-hot result"),
-        ("large", [1000.0, 999.5, 0.0], "large scores"),
-        ("shift", [100.6, 100.3, 100.8, 99.9], "the basic scores + 100"),
-    ]
     checked = rowwise_checks(
         session,
         seed=3,
         reference_fn=reference.sparsemax,
-        basic=[0.6, 0.3, 0.8, -0.1],
         derivative=_sparsemax_grad,
-        extremes=extremes,
+        basic=[0.6, 0.3, 0.8, -0.1],
+        extremes=_EXTREMES,
         candidates=_sparsemax_candidates,
-        explain=explain,
-        shapes=[(6,), (3, 7), (2, 3, 4, 5)],
+        explain=_sparsemax_explain,
         scale=1.0,
         first=lambda x: _sorted_hint(session, x),
-        gradient=gradient,
         checked_extremes="ties; a one-hot result; large scores; a shift by 100",
     )
-    if session.stopped:
-        return session.report("check_sparsemax", checked)
+    if not session.stopped:
+        _check_supports(session)
+        checked.insert(1, "dense and sparse supports; exact zeros outside the support")
+    return session.report("check_sparsemax", checked)
+
+
+def _check_supports(session: Session) -> None:
+    """Dense and sparse supports, and exact zeros outside the support."""
     g = generator(33)
     for scale, words in ((0.05, "dense support"), (4.0, "sparse support")):
         x = randn(g, 4, 9, scale=scale)
         label = input_label("scores", x, words)
         want = tensor64(reference.sparsemax(numpy64(x)))
         out = session.call(label, [("x", x)], shapes=[x.shape])
-        if out is None:
-            continue
-        if not session.values(
+        if out is None or not session.values(
             label,
             out,
             want,
             F64,
             candidates=lambda x=x: _sparsemax_candidates(x),
-            explain=lambda got, w, x=x: explain(got, w, x),
+            explain=lambda got, w, x=x: _sparsemax_explain(got, w, x),
             first=lambda x=x: _sorted_hint(session, x),
         ):
             continue
@@ -213,5 +213,3 @@ def check_sparsemax(
                 f"Sparsemax gives exact zeros: clip with "
                 f"torch.clamp(x - tau, min=0), do not add an epsilon.",
             )
-    checked.insert(1, "dense and sparse supports; exact zeros outside the support")
-    return session.report("check_sparsemax", checked)
