@@ -68,8 +68,9 @@ __all__ = [
     "check_attention_entropy",
 ]
 
-# The report's class is documented (and pickled) where users reach it,
-# softmaxbook.checks.CheckReport, not in the private module that defines it.
+# The report's class keeps its public path, softmaxbook.checks.CheckReport, in
+# its repr, in help() and in pickled reports (an autograder may store them), not
+# the path of the private module that defines it and may move.
 CheckReport.__module__ = __name__
 
 # doctest.testmod(softmaxbook.checks) runs the examples of every public name,
