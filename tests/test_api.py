@@ -145,3 +145,22 @@ def test_import_leaves_the_heavy_optional_packages_alone():
     new = ast.literal_eval(done.stdout)  # a list of module names
     for heavy in ("matplotlib", "tqdm", "triton", "entmax"):
         assert heavy not in new, f"import softmaxbook imports {heavy}"
+
+
+def test_the_checkers_are_imported_on_first_use():
+    # softmaxbook.checks is a third of the library's source: `import softmaxbook`
+    # leaves it alone, and each way of reaching it imports it then.
+    code = (
+        "import sys, softmaxbook as sb; "
+        "assert 'softmaxbook.checks' not in sys.modules, 'imported eagerly'; "
+        "assert 'checks' in dir(sb); "
+        "first = sb.checks; "
+        "assert 'softmaxbook.checks' in sys.modules; "
+        "from softmaxbook import checks; import softmaxbook.checks; "
+        "assert first is checks is softmaxbook.checks is sys.modules[checks.__name__]; "
+        "from softmaxbook import *; "
+        "assert checks.check_softmax(lambda x: x.softmax(-1)).ok"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        sb.no_such_name  # noqa: B018

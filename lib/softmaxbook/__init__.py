@@ -12,11 +12,13 @@ Every public name below is listed in the ``__all__`` of its module; this
 package re-exports them all, so ``sb.<name>`` works for each.
 """
 
+import importlib as _importlib
+import typing as _typing
+
 from . import (
     alternatives,
     analysis,
     attention,
-    checks,
     device,
     gradients,
     kernels,
@@ -45,6 +47,9 @@ from .sampling import *  # noqa: F403
 from .softmax import *  # noqa: F403
 from .timing import *  # noqa: F403
 
+if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
+    from . import checks
+
 __version__ = "0.1.0"
 
 #: The public API, by module. ``reference``, ``kernels`` and ``checks`` stay
@@ -71,3 +76,18 @@ __all__ = [
     "checks",
     "__version__",
 ]
+
+# softmaxbook.checks, the checkers of students' code, is imported on first use
+# (sb.checks, from softmaxbook import checks): it is a third of the library's
+# source, and a script that trains or plots never needs it.
+_LAZY = {"checks"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)
