@@ -94,7 +94,7 @@ execute: $(STAMP)
 student: $(STAMP)
 	$(BIN)/python tools/student.py --out _build/student $(if $(NB),$(NB),$(CHAPTERS))
 
-## experiments: re-run chapter 9's seed sweep on two cores (minutes) into chapters/data/
+## experiments: re-run chapter 9's seed sweep on two cores (minutes) into lib/softmaxbook/data/
 .PHONY: experiments
 experiments: $(STAMP)
 	$(BIN)/python experiments/case_study_sweep.py --workers 2

@@ -1,7 +1,7 @@
-"""Chapter 9's stored seed sweep is what experiments/case_study_sweep.py makes.
+"""Chapter 9's stored seed sweep is what softmaxbook.models.case_study makes.
 
 ``make experiments`` trains every variant of the case study with ten seeds
-(minutes on two cores) and writes ``chapters/data/case_study_sweep.json``;
+(minutes on two cores) and stores it in the package (``cs.load()`` reads it);
 chapter 9 plots that file and asserts its claims on it. These tests re-run
 part of the sweep and compare it with the file, so that the claims are
 re-checked against fresh training wherever the tests run.
@@ -43,15 +43,13 @@ The outcomes of the runs near a threshold are not re-checked; the chapter
 reports them as what its stored sweep shows, and draws its conclusions from
 what holds across seeds.
 """
-from __future__ import annotations
 
-import sys
-from pathlib import Path
+from __future__ import annotations
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from softmaxbook.models import case_study as cs
 
 # (variant, seed): re-trained in full and compared with the stored run.
 RERUN = [
@@ -60,10 +58,6 @@ RERUN = [
     ("T = 0.1", 1),
     ("unscaled, small init", 1),
 ]
-
-
-sys.path.insert(0, str(ROOT / "experiments"))
-import case_study_sweep as cs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +92,15 @@ def test_the_file_describes_the_script(stored):
     recipe = sweep["recipe"]
     assert all(recipe[k] == v for k, v in {**cs.CONFIG, **cs.TRAIN}.items())
     assert (recipe["n_pairs"], recipe["n_keys"], recipe["n_values"]) == (
-        cs.N_PAIRS, cs.N_KEYS, cs.N_VALUES)
+        cs.N_PAIRS,
+        cs.N_KEYS,
+        cs.N_VALUES,
+    )
     assert (recipe["data_seed"], recipe["n_train"], recipe["n_test"]) == (
-        cs.DATA_SEED, cs.N_TRAIN, cs.N_TEST)
+        cs.DATA_SEED,
+        cs.N_TRAIN,
+        cs.N_TEST,
+    )
     assert set(runs) == {(v, s) for v in cs.VARIANTS for s in cs.SEEDS}
     for run in runs.values():
         n_records = len(sweep["steps"])
@@ -113,8 +113,7 @@ def test_initial_statistics_of_every_run(stored, data):
     for (variant, seed), run in runs.items():
         fresh = cs.init_statistics(variant, seed, tokens)
         for key in ("init_saturation", "init_entropy", "init_zeros"):
-            assert fresh[key] == pytest.approx(run[key], abs=2e-3), \
-                (variant, seed, key)
+            assert fresh[key] == pytest.approx(run[key], abs=2e-3), (variant, seed, key)
 
 
 @pytest.mark.parametrize("variant, seed", RERUN)
@@ -128,12 +127,9 @@ def test_a_rerun_agrees_with_the_stored_run(stored, data, variant, seed):
     assert new["loss"][1] == pytest.approx(old["loss"][1], abs=0.01)
     assert new["entropy"][1] == pytest.approx(old["entropy"][1], abs=0.01)
     early = zip(new["accuracy"][:3], old["accuracy"][:3])
-    assert max(abs(a - b) for a, b in early) <= 0.05, \
-        (new["accuracy"], old["accuracy"])
-    assert new["final_accuracy"] == pytest.approx(old["final_accuracy"],
-                                                  abs=0.05)
-    assert (new["final_accuracy"] >= cs.SOLVED) == \
-        (old["final_accuracy"] >= cs.SOLVED)
+    assert max(abs(a - b) for a, b in early) <= 0.05, (new["accuracy"], old["accuracy"])
+    assert new["final_accuracy"] == pytest.approx(old["final_accuracy"], abs=0.05)
+    assert (new["final_accuracy"] >= cs.SOLVED) == (old["final_accuracy"] >= cs.SOLVED)
     if old["step95"] is None:
         assert new["step95"] is None
     else:
