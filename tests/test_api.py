@@ -23,6 +23,10 @@ PUBLIC = {
     "softmax", "log_softmax", "logsumexp",
     # masking
     "causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value",
+    # attention patterns and the FlexAttention idea
+    "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
+    "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
+    "BlockSparsity", "flex_attention",
     # attention
     "scaled_dot_product_attention", "NORMALIZERS",
     # online softmax and FlashAttention

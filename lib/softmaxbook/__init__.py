@@ -18,12 +18,14 @@ from . import (
     attention,
     checks,
     device,
+    flex,
     gradients,
     kernels,
     masking,
     models,
     notebook,
     online,
+    patterns,
     plotting,
     reference,
     sampling,
@@ -34,12 +36,14 @@ from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .device import *  # noqa: F403
+from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
+from .patterns import *  # noqa: F403
 from .plotting import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .softmax import *  # noqa: F403
@@ -54,7 +58,9 @@ __version__ = "0.1.0"
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
+    *patterns.__all__,
     *attention.__all__,
+    *flex.__all__,
     *online.__all__,
     *gradients.__all__,
     *alternatives.__all__,
