@@ -27,6 +27,9 @@ PUBLIC = {
     "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
     "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
     "BlockSparsity", "flex_attention",
+    # bounded logits and the output layer's losses
+    "soft_cap", "max_attention_logits", "qk_clip_", "label_smoothed_cross_entropy",
+    "z_loss", "chunked_cross_entropy",
     # attention
     "scaled_dot_product_attention", "NORMALIZERS",
     # online softmax and FlashAttention

@@ -16,11 +16,13 @@ from . import (
     alternatives,
     analysis,
     attention,
+    capping,
     checks,
     device,
     flex,
     gradients,
     kernels,
+    losses,
     masking,
     models,
     notebook,
@@ -35,10 +37,12 @@ from . import softmax as _softmax_module
 from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
+from .capping import *  # noqa: F403
 from .device import *  # noqa: F403
 from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
+from .losses import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
@@ -64,6 +68,8 @@ __all__ = [
     *online.__all__,
     *gradients.__all__,
     *alternatives.__all__,
+    *capping.__all__,
+    *losses.__all__,
     *sampling.__all__,
     *analysis.__all__,
     *models.__all__,
