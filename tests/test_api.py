@@ -43,7 +43,8 @@ PUBLIC = {
     "sigmoid_normalize",
     # sampling and calibration
     "top_k_filter", "top_p_filter", "sample", "ReliabilityTable", "reliability_table",
-    "expected_calibration_error", "fit_temperature",
+    "expected_calibration_error", "fit_temperature", "min_p_filter",
+    "SpeculativeResult", "speculative_accept",
     # analysis
     "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
     # models
@@ -72,7 +73,8 @@ MODULE_PATHS = {
                             "DispatchDecision"],
     "softmaxbook.sampling": ["top_k_filter", "top_p_filter", "sample",
                              "expected_calibration_error", "reliability_table",
-                             "fit_temperature", "ReliabilityTable"],
+                             "fit_temperature", "ReliabilityTable", "min_p_filter",
+                             "speculative_accept", "SpeculativeResult"],
     "softmaxbook.models": ["make_associative_recall", "TinyTransformer", "train",
                            "evaluate", "TrainingHistory", "MultiHeadAttention",
                            "TransformerBlock"],
