@@ -384,5 +384,6 @@ def alibi_bias(slopes: Tensor, L: int, S: int | None = None) -> Tensor:
     S = L if S is None else check_positive_int(S, "S")
     i = torch.arange(L, device=slopes.device).unsqueeze(-1)  # (L, 1)
     j = torch.arange(S, device=slopes.device)  # (S,)
-    distance = (i - j).abs().to(slopes.dtype)  # (L, S)
-    return -slopes[:, None, None] * distance  # (H, L, S)
+    # Negate the integers, not the product: -m * 0 would be -0.0 on the diagonal.
+    minus_distance = (-(i - j).abs()).to(slopes.dtype)  # (L, S)
+    return slopes[:, None, None] * minus_distance  # (H, L, S)
