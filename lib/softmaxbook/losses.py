@@ -371,7 +371,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk_size)
             h = hidden[rows].to(acc)
             z = _chunk_logits(h, weight, bias, cap, acc)  # recomputed, (c, V)
-            g = torch.exp(z - lse[rows].unsqueeze(-1))  # softmax(z)
+            # In place from here on: one (c, V) block at a time is the point.
+            slope = None if cap is None else 1 - (z / cap) ** 2  # d(c tanh(r/c))/dr
+            g = z.sub_(lse[rows].unsqueeze(-1)).exp_()  # softmax(z)
             t = target[rows]
             counted = t != ctx.ignore_index
             g.scatter_add_(
@@ -379,13 +381,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 t.masked_fill(~counted, 0).unsqueeze(-1),
                 -torch.ones_like(g[:, :1]),
             )  # softmax - one-hot
-            g = g * (grad_losses[rows] * counted).unsqueeze(-1)
-            if cap is not None:
-                g = g * (1 - (z / cap) ** 2)  # d (c tanh(r/c)) / dr
+            g.mul_((grad_losses[rows] * counted).unsqueeze(-1))
+            if slope is not None:
+                g.mul_(slope)
             if grad_h is not None:
                 grad_h[rows] = (g @ w).to(hidden.dtype)
             if grad_w is not None:
-                grad_w += g.T @ h
+                grad_w.addmm_(g.T, h)
             if grad_b is not None:
                 grad_b += g.sum(dim=0)
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)

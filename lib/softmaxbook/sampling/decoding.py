@@ -147,18 +147,16 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     if p == 1.0 or logits.shape[-1] == 0:
         return logits.clone()
     acc = torch.float32 if logits.device.type == "mps" else torch.float64
-    sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # (..., V)
-    probs = torch.softmax(sorted_logits.to(acc), dim=-1)
-    mass_before = (
-        torch.cumsum(probs, dim=-1) - probs
-    )  # mass of the strictly more probable tokens
-    # A token belongs to the nucleus while the mass above it is still short of p;
+    sorted_logits = torch.sort(logits, dim=-1, descending=True).values
+    probs = torch.softmax(sorted_logits.to(acc), dim=-1)  # (..., V), decreasing
+    # The mass of the strictly more probable tokens:
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    # A token is in the nucleus while the mass above it is still short of p;
     # position 0 has mass_before = 0 < p, so the argmax is always in.
     in_nucleus = mass_before < p
     n_kept = in_nucleus.sum(dim=-1, keepdim=True).clamp_min(1)  # (..., 1)
-    threshold = torch.gather(
-        sorted_logits, -1, n_kept - 1
-    )  # smallest kept logit, (..., 1)
+    # The smallest kept logit, (..., 1):
+    threshold = torch.gather(sorted_logits, -1, n_kept - 1)
     return _keep_at_least(logits, threshold)
 
 
