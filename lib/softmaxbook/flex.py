@@ -125,11 +125,12 @@ class BlockSparsity(NamedTuple):
     blocks, and its full blocks), as dense booleans.
     """
 
-    #: ``(B, H, ceil(L / block_q), ceil(S / block_k))``: the tile must be computed.
+    #: True where a tile must be computed, shape
+    #: ``(B, H, ceil(L / block_q), ceil(S / block_k))``.
     computed: Tensor
-    #: Same shape: every pair of the tile may attend (no mask needed).
+    #: True where every pair of a tile may attend (no mask needed), same shape.
     full: Tensor
-    #: ``(block_q, block_k)``.
+    #: The tile size ``(block_q, block_k)``.
     block_size: tuple[int, int]
 
     def fraction_skipped(self) -> float:

@@ -125,8 +125,8 @@ def label_smoothed_cross_entropy(
         :math:`\varepsilon \in [0, 1]`; 0 is the plain cross-entropy.
     ignore_index : int
         A target value that marks rows to skip.
-    reduction : {"mean", "sum", "none"}
-        How the rows' losses are combined.
+    reduction : str
+        How the rows' losses are combined: ``"mean"``, ``"sum"`` or ``"none"``.
 
     Returns
     -------
@@ -186,8 +186,8 @@ def z_loss(logits: Tensor, *, reduction: str = "mean") -> Tensor:
     ----------
     logits : Tensor
         Floating-point logits, classes along the last dimension.
-    reduction : {"mean", "sum", "none"}
-        How the rows' values are combined.
+    reduction : str
+        How the rows' values are combined: ``"mean"``, ``"sum"`` or ``"none"``.
 
     Returns
     -------
@@ -269,8 +269,8 @@ def chunked_cross_entropy(
         Cap the logits at :math:`c > 0` first.
     ignore_index : int
         A target value that marks rows to skip.
-    reduction : {"mean", "sum", "none"}
-        How the rows' losses are combined.
+    reduction : str
+        How the rows' losses are combined: ``"mean"``, ``"sum"`` or ``"none"``.
 
     Returns
     -------

@@ -33,9 +33,9 @@ __all__ = ["SpeculativeResult", "speculative_accept"]
 class SpeculativeResult(NamedTuple):
     """The outcome of :func:`speculative_accept` for every sequence of the batch."""
 
-    #: ``(...)``: how many draft tokens were accepted, in ``[0, K]``.
+    #: How many draft tokens were accepted, in ``[0, K]``; shape ``(...)``.
     n_accepted: Tensor
-    #: ``(...)``: the token that follows them (a correction, or the bonus token).
+    #: The token that follows them (a correction, or the bonus token); ``(...)``.
     next_token: Tensor
 
 
