@@ -23,6 +23,13 @@ PUBLIC = {
     "softmax", "log_softmax", "logsumexp",
     # masking
     "causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value",
+    # attention patterns and the FlexAttention idea
+    "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
+    "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
+    "BlockSparsity", "flex_attention",
+    # bounded logits and the output layer's losses
+    "soft_cap", "max_attention_logits", "qk_clip_", "label_smoothed_cross_entropy",
+    "z_loss", "chunked_cross_entropy",
     # attention
     "scaled_dot_product_attention", "NORMALIZERS",
     # online softmax and FlashAttention
@@ -36,7 +43,8 @@ PUBLIC = {
     "sigmoid_normalize",
     # sampling and calibration
     "top_k_filter", "top_p_filter", "sample", "ReliabilityTable", "reliability_table",
-    "expected_calibration_error", "fit_temperature",
+    "expected_calibration_error", "fit_temperature", "min_p_filter",
+    "SpeculativeResult", "speculative_accept",
     # analysis
     "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
     # models
@@ -65,7 +73,8 @@ MODULE_PATHS = {
                             "DispatchDecision"],
     "softmaxbook.sampling": ["top_k_filter", "top_p_filter", "sample",
                              "expected_calibration_error", "reliability_table",
-                             "fit_temperature", "ReliabilityTable"],
+                             "fit_temperature", "ReliabilityTable", "min_p_filter",
+                             "speculative_accept", "SpeculativeResult"],
     "softmaxbook.models": ["make_associative_recall", "TinyTransformer", "train",
                            "evaluate", "TrainingHistory", "MultiHeadAttention",
                            "TransformerBlock"],

@@ -19,13 +19,17 @@ from . import (
     alternatives,
     analysis,
     attention,
+    capping,
     device,
+    flex,
     gradients,
     kernels,
+    losses,
     masking,
     models,
     notebook,
     online,
+    patterns,
     plotting,
     reference,
     sampling,
@@ -35,13 +39,17 @@ from . import softmax as _softmax_module
 from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
+from .capping import *  # noqa: F403
 from .device import *  # noqa: F403
+from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
+from .losses import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
+from .patterns import *  # noqa: F403
 from .plotting import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .softmax import *  # noqa: F403
@@ -59,10 +67,14 @@ __version__ = "0.1.0"
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
+    *patterns.__all__,
     *attention.__all__,
+    *flex.__all__,
     *online.__all__,
     *gradients.__all__,
     *alternatives.__all__,
+    *capping.__all__,
+    *losses.__all__,
     *sampling.__all__,
     *analysis.__all__,
     *models.__all__,
