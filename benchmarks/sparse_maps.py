@@ -1,20 +1,25 @@
 """Sparsemax and 1.5-entmax: softmaxbook against the entmax package (deep-spin/entmax).
 
 Times ``sb.sparsemax`` / ``sb.entmax15`` and ``entmax.sparsemax`` / ``entmax.entmax15``
-on one (1024, 4096) float32 CPU tensor, forward and forward+backward. Ours and theirs
-alternate within every repetition, in one process, so that a busy machine slows both
-alike; the script prints each median and the ratio of medians (ours / theirs, below 1
-means ours is faster). Before timing it checks that both give the same weights.
+on one (1024, 4096) float32 CPU tensor, forward and forward+backward. entmax runs twice:
+with its full sort, and with ``k=K`` (its own partial sort: ``topk`` of K entries per
+row, falling back to a full sort for rows whose support is larger). All three take
+turns within every repetition, in one process, so that a busy machine slows them alike;
+the script prints each median and the ratios of medians (ours / theirs, below 1 means
+ours is faster). Before timing it checks that all three give the same weights.
 
-Why ours is faster: entmax sorts every row in full (O(n log n) per row) to find the
-threshold. We start from a point known to lie below the threshold (the row max minus 1,
-or minus 2 for 1.5-entmax), take one or two Newton steps on the threshold equation,
-count the keys that can still be in the support, partially sort only those
-(``torch.topk``), and apply the same exact formula; a row whose support could extend
-past the candidates is redone with a full sort.
+How they differ: entmax, without ``k``, sorts every row in full (O(n log n) per
+row) to find the threshold; with ``k`` it needs a guess of the support's size. We
+start from a point known to lie below the threshold (the row max minus 1, or minus 2
+for 1.5-entmax), take one or two Newton steps on the threshold equation, count the
+keys that can still be in the support, partially sort only those (``torch.topk``),
+and apply the same exact formula; a row whose support could extend past the
+candidates is redone with a full sort. No guess of k is needed, but a good guess
+is cheaper than the Newton steps: the ratios say which wins on a given machine and
+input (``--scale`` changes the support's size).
 
 Usage: ``python benchmarks/sparse_maps.py [--reps 21] [--rows 1024] [--cols 4096]
-[--threads N] [--scale 1.0]``
+[--threads N] [--scale 1.0] [--k 100]``
 """
 
 from __future__ import annotations
@@ -50,19 +55,19 @@ def _forward_backward(f, grad):
     return run
 
 
-def interleaved(ours, theirs, x, reps: int) -> tuple[float, float]:
-    """Median seconds of ``ours(x)`` and ``theirs(x)``, alternating which goes first."""
-    times = {"ours": [], "theirs": []}
-    ours(x), theirs(x)  # warm-up (allocator, first-call overhead)
+def interleaved(fns: dict, x, reps: int) -> dict[str, float]:
+    """Median seconds of each ``fn(x)``, the order rotating from one rep to the next."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn(x)  # warm-up (allocator, first-call overhead)
+    names = list(fns)
     for rep in range(reps):
-        order = [("ours", ours), ("theirs", theirs)]
-        if rep % 2:
-            order.reverse()
-        for name, fn in order:
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            fn(x)
+            fns[name](x)
             times[name].append(time.perf_counter() - start)
-    return statistics.median(times["ours"]), statistics.median(times["theirs"])
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -75,6 +80,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch.set_num_threads"
+    )
+    parser.add_argument(
+        "--k", type=int, default=100, help="entmax's partial-sort size k"
     )
     args = parser.parse_args()
     if args.threads:
@@ -90,20 +98,28 @@ def main() -> None:
         f"median of {args.reps} interleaved reps"
     )
     print(
-        f"{'map':<10} {'pass':<17} {'ours ms':>9} {'entmax ms':>10} {'ours/entmax':>12}"
+        f"{'map':<10} {'pass':<17} {'ours ms':>8} {'entmax ms':>10} "
+        f"{'k=' + str(args.k) + ' ms':>9} {'ours/entmax':>12} {'ours/k':>7}"
     )
     for name in ("sparsemax", "entmax15"):
-        theirs = getattr(entmax, name)
-        ours_f, theirs_f = getattr(sb, name), partial(theirs, dim=-1)
-        torch.testing.assert_close(ours_f(x), theirs_f(x), atol=1e-6, rtol=0)
+        peer = getattr(entmax, name)
+        maps = {
+            "ours": getattr(sb, name),
+            "entmax": partial(peer, dim=-1),
+            "entmax_k": partial(peer, dim=-1, k=args.k),
+        }
+        for f in maps.values():
+            torch.testing.assert_close(f(x), maps["ours"](x), atol=1e-6, rtol=0)
         for label, wrap in (
             ("forward", _forward),
             ("forward+backward", lambda f: _forward_backward(f, grad)),
         ):
-            ours, theirs = interleaved(wrap(ours_f), wrap(theirs_f), x, args.reps)
+            fns = {key: wrap(f) for key, f in maps.items()}
+            t = interleaved(fns, x, args.reps)
             print(
-                f"{name:<10} {label:<17} {ours * 1e3:9.1f} {theirs * 1e3:10.1f} "
-                f"{ours / theirs:12.2f}"
+                f"{name:<10} {label:<17} {t['ours'] * 1e3:8.1f} "
+                f"{t['entmax'] * 1e3:10.1f} {t['entmax_k'] * 1e3:9.1f} "
+                f"{t['ours'] / t['entmax']:12.2f} {t['ours'] / t['entmax_k']:7.2f}"
             )
 
 
