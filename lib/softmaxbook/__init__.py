@@ -18,8 +18,10 @@ from . import (
     attention,
     checks,
     device,
+    differential,
     gradients,
     kernels,
+    length,
     masking,
     models,
     notebook,
@@ -27,6 +29,9 @@ from . import (
     plotting,
     reference,
     sampling,
+    selective,
+    sinks,
+    stickbreaking,
     timing,
 )
 from . import softmax as _softmax_module
@@ -34,15 +39,20 @@ from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .device import *  # noqa: F403
+from .differential import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
+from .length import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
 from .plotting import *  # noqa: F403
 from .sampling import *  # noqa: F403
+from .selective import *  # noqa: F403
+from .sinks import *  # noqa: F403
 from .softmax import *  # noqa: F403
+from .stickbreaking import *  # noqa: F403
 from .timing import *  # noqa: F403
 
 __version__ = "0.1.0"
@@ -58,6 +68,11 @@ __all__ = [
     *online.__all__,
     *gradients.__all__,
     *alternatives.__all__,
+    *sinks.__all__,
+    *length.__all__,
+    *stickbreaking.__all__,
+    *differential.__all__,
+    *selective.__all__,
     *sampling.__all__,
     *analysis.__all__,
     *models.__all__,
