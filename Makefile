@@ -88,6 +88,12 @@ execute: $(STAMP)
 	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False \
 	    $(if $(NB),$(NB),$(CHAPTERS))
 
+## experiments: re-run the attention-sink sweep of chapter 10 on two cores (minutes)
+# into chapters/data/; the chapter reads the file, tests/test_sink_sweep.py checks it.
+.PHONY: experiments
+experiments: $(STAMP)
+	$(BIN)/python experiments/sink_sweep.py --workers 2
+
 ## student: student versions of the chapters in _build/student: solutions removed,
 # exercise outputs cleared (the tag convention is in tools/student.py). NB=... converts one.
 student: $(STAMP)
