@@ -1,9 +1,11 @@
-"""Chapter 10's stored attention-sink sweep is what experiments/sink_sweep.py makes.
+"""Chapter 10's stored attention-sink sweep is what softmaxbook.models.sink_study makes.
 
-The script trains five attention variants with five seeds each (minutes on two
-cores) and writes ``chapters/data/sink_sweep.json``; chapter 10 reads that file
-and asserts its claims on it. These tests check that the file still describes
-the script, that the task and the measurements do what they say, and re-train
+``make experiments`` (the script ``experiments/sink_sweep.py``) trains five
+attention variants with five seeds each (minutes on two cores) and stores them
+in the package (``ss.load()`` reads ``softmaxbook/data/sink_sweep.json``);
+chapter 10 reads that file and asserts its claims on it. These tests check
+that the file still describes the module, that the task and the measurements
+do what they say, that the script stores what ``load()`` reads, and re-train
 runs to compare them with the file.
 
 What is compared, and why. A run repeats bit for bit on one machine, but
@@ -21,23 +23,23 @@ re-running the script fails these.
 
 from __future__ import annotations
 
-import json
-import sys
+import fnmatch
+import importlib.util
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
 import softmaxbook as sb
+from softmaxbook.models import sink_study as ss
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import sink_sweep as ss  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def stored():
-    sweep = json.loads(ss.DATA_FILE.read_text())
+    sweep = ss.load()
     return sweep, {(r["variant"], r["seed"]): r for r in sweep["runs"]}
 
 
@@ -137,3 +139,46 @@ def test_a_retrained_run_matches_the_stored_one(stored, variant):
         assert _sink(fresh) > 0.3
     else:
         assert _sink(fresh) < 0.1
+
+
+def _script():
+    path = ROOT / "experiments" / "sink_sweep.py"
+    spec = importlib.util.spec_from_file_location("sink_sweep_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_writes_what_load_reads(stored, tmp_path, monkeypatch):
+    """The command line stores the runs sweep() returns, in the stored format."""
+    sweep, _ = stored
+    script = _script()
+    asked = []
+
+    def fake_sweep(variants, seeds, workers):
+        asked.append((tuple(variants), tuple(seeds), workers))
+        return [r for r in sweep["runs"] if r["variant"] in variants]
+
+    monkeypatch.setattr(ss, "sweep", fake_sweep)
+    out = tmp_path / "sweep.json"
+    assert script.main(["--workers", "1", "--out", str(out)]) == 0
+    assert asked == [(tuple(ss.VARIANTS), ss.SEEDS, 1)]
+    written = ss.load(out)
+    assert {k: v for k, v in written.items() if k != "machine"} == {
+        k: v for k, v in sweep.items() if k != "machine"
+    }
+    # The stored file is in the script's format, byte for byte (one run a line).
+    assert script._dumps(sweep) == ss.DATA_FILE.read_text()
+    script.main(["--workers", "1", "--out", str(out), "--variants", "gated"])
+    assert {r["variant"] for r in ss.load(out)["runs"]} == {"gated"}
+    assert list(ss.load(out)["variants"]) == ["gated"]
+
+
+def test_the_sweep_ships_with_the_package():
+    """pyproject's package data carries the file: chapter 10 runs installed."""
+    assert ss.DATA_FILE.parent.name == "data"
+    assert ss.DATA_FILE.parent.parent == Path(sb.__file__).resolve().parent
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["softmaxbook"]
+    name = ss.DATA_FILE.relative_to(ss.DATA_FILE.parents[1]).as_posix()
+    assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), patterns
