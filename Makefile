@@ -94,10 +94,12 @@ execute: $(STAMP)
 student: $(STAMP)
 	$(BIN)/python tools/student.py --out _build/student $(if $(NB),$(NB),$(CHAPTERS))
 
-## experiments: re-run chapter 9's seed sweep on two cores (minutes) into lib/softmaxbook/data/
+## experiments: re-run the seed sweeps of chapters 9 and 10 on two cores (minutes each)
+# into lib/softmaxbook/data/; tests/test_experiments.py and test_sink_sweep.py check them.
 .PHONY: experiments
 experiments: $(STAMP)
 	$(BIN)/python experiments/case_study_sweep.py --workers 2
+	$(BIN)/python experiments/sink_sweep.py --workers 2
 
 ## lab: JupyterLab on the chapters
 lab: $(STAMP)

@@ -41,6 +41,10 @@ PUBLIC = {
     # alternatives
     "sparsemax", "entmax15", "entmax_bisect", "softmax_one", "relu_normalize",
     "sigmoid_normalize",
+    # attending to nothing, length, and the normalizers of 2023-2025
+    "sink_softmax", "softpick", "clipped_softmax", "relu_attention", "ignore_gap",
+    "scalable_softmax", "yarn_logit_scale", "adaptive_temperature_softmax",
+    "stick_breaking", "differential_attention", "selective_attention",
     # sampling and calibration
     "top_k_filter", "top_p_filter", "sample", "ReliabilityTable", "reliability_table",
     "expected_calibration_error", "fit_temperature", "min_p_filter",

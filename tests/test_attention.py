@@ -387,3 +387,98 @@ def test_errors():
             mask=torch.ones(3, 5, dtype=torch.bool),
             normalizer=lambda s, dim=-1: s[..., :1],
         )
+
+
+# ---------------------------------------------------------------------- sinks (gpt-oss)
+
+
+def _with_sink_reference(scores, sinks):
+    """torch.cat the sink column, softmax, drop it: the definition of the sinks."""
+    column = sinks.reshape(sinks.shape + (1, 1)).expand(scores.shape[:-1] + (1,))
+    return torch.cat([scores, column], -1).softmax(-1)[..., :-1]
+
+
+def test_sinks_are_an_extra_logit_whose_weight_is_dropped():
+    q, k, v = _qkv(40, (2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 7))
+    sinks = torch.tensor([-1.0, 0.5, 3.0], dtype=torch.float64)  # one per head
+    out, w = sb.scaled_dot_product_attention(q, k, v, sinks=sinks, return_weights=True)
+    expected = _with_sink_reference(q @ k.transpose(-2, -1) / 2.0, sinks)
+    torch.testing.assert_close(w, expected)
+    torch.testing.assert_close(out, expected @ v)
+    assert (w.sum(-1) < 1).all()
+    # Heads with a larger sink logit keep more weight back.
+    totals = w.sum(-1).mean(dim=(0, 2))
+    assert totals[0] > totals[1] > totals[2]
+
+
+def test_sinks_with_a_causal_mask_and_fully_masked_rows():
+    q, k, v = _qkv(41, (2, 2, 4, 3), (2, 2, 4, 3), (2, 2, 4, 2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    sinks = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
+    mask = sb.causal_mask(4).expand(2, 2, 4, 4).clone()
+    mask[1, :, 2] = False  # a query with nothing to attend
+    out, w = sb.scaled_dot_product_attention(
+        *leaves, mask=mask, sinks=sinks, return_weights=True
+    )
+    scores = (q @ k.transpose(-2, -1) / 3**0.5).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(w, _with_sink_reference(scores, sinks.detach()))
+    assert (
+        (w[~mask] == 0).all() and (w[1, :, 2] == 0).all() and (out[1, :, 2] == 0).all()
+    )
+    (out.sum() + w.sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in (*leaves, sinks))
+    assert (leaves[0].grad[1, :, 2] == 0).all()
+    causal = sb.scaled_dot_product_attention(q, k, v, is_causal=True, sinks=sinks)
+    by_mask = sb.scaled_dot_product_attention(
+        q, k, v, mask=sb.causal_mask(4), sinks=sinks
+    )
+    torch.testing.assert_close(causal, by_mask)
+
+
+def test_sinks_gradcheck():
+    q, k, v = _qkv(42, (1, 2, 3, 2), (1, 2, 4, 2), (1, 2, 4, 2))
+    sinks = torch.tensor([0.2, -0.4], dtype=torch.float64)
+    inputs = tuple(t.requires_grad_() for t in (q, k, v, sinks))
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[0] = False
+
+    def f(q, k, v, sinks):
+        return sb.scaled_dot_product_attention(q, k, v, mask=mask, sinks=sinks)
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_sinks_in_half_precision_and_shapes_that_broadcast():
+    q, k, v = _qkv(43, (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8))
+    sinks = torch.tensor([1.0, 0.0, -1.0])
+    exact = sb.scaled_dot_product_attention(q, k, v, sinks=sinks.double())
+    for dtype in (torch.float16, torch.bfloat16):
+        got = sb.scaled_dot_product_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), sinks=sinks
+        )
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), exact, atol=2e-2, rtol=2e-2)
+    per_row = sinks.expand(2, 3)  # one per batch element and head
+    torch.testing.assert_close(
+        sb.scaled_dot_product_attention(q, k, v, sinks=per_row.double()), exact
+    )
+    scalar = sb.scaled_dot_product_attention(q, k, v, sinks=torch.tensor(0.0).double())
+    torch.testing.assert_close(
+        scalar, sb.scaled_dot_product_attention(q, k, v, normalizer="softmax_one")
+    )
+
+
+def test_sinks_errors():
+    q, k, v = _qkv(44, (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8))
+    with pytest.raises(ValueError, match="broadcast to the batch"):
+        sb.scaled_dot_product_attention(
+            q, k, v, sinks=torch.zeros(4, dtype=torch.float64)
+        )
+    with pytest.raises(ValueError, match="softmax"):
+        sb.scaled_dot_product_attention(
+            q, k, v, sinks=torch.zeros(3, dtype=torch.float64), normalizer="sparsemax"
+        )
+    with pytest.raises(TypeError, match="floating-point"):
+        sb.scaled_dot_product_attention(q, k, v, sinks=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="floating-point"):
+        sb.scaled_dot_product_attention(q, k, v, sinks=[0.0, 0.0, 0.0])

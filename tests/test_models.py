@@ -285,3 +285,50 @@ def test_train_argument_types_and_nan():
             sb.train(model, data, steps=1, weight_decay=bad)
     with pytest.raises(TypeError, match="weight_decay must be a real number"):
         sb.train(model, data, steps=1, weight_decay="0.1")
+
+
+# --- sinks and gates ---------------------------------------------------------------
+
+
+def test_learned_sinks_are_a_parameter_per_head_that_trains():
+    model = _model(sinks=True)
+    names = dict(model.named_parameters())
+    assert names["blocks.0.attn.sinks"].shape == (2,)
+    assert (names["blocks.1.attn.sinks"] == 0).all()
+    tokens = torch.randint(8, (4, 9), generator=_gen())
+    logits, w = model(tokens, return_weights=True)
+    # Sink logit 0 at initialization: every head is softmax_one.
+    plain = _model()
+    plain.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if not k.endswith("sinks")}
+    )
+    plain_logits = plain(tokens)
+    assert (w.sum(-1) < 1).all()
+    assert not torch.allclose(logits, plain_logits)
+    one = _model(normalizer="softmax_one")
+    one.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(logits, one(tokens))
+    logits.sum().backward()
+    assert model.blocks[0].attn.sinks.grad.abs().sum() > 0
+
+
+def test_gate_multiplies_the_heads_and_trains():
+    model = _model(gate=True)
+    block = model.blocks[0].attn
+    assert block.gate.weight.shape == (16, 16)
+    x = torch.randn(3, 9, 16, generator=_gen(2))
+    out, _ = block(x)
+    with torch.no_grad():
+        block.gate.bias.fill_(-1e4)  # close the gate
+    shut, _ = block(x)
+    # A closed gate leaves only the output projection's bias.
+    torch.testing.assert_close(shut, block.out.bias.expand_as(shut))
+    assert not torch.allclose(out, shut)
+    tokens = torch.randint(8, (4, 9), generator=_gen())
+    model(tokens).sum().backward()
+    assert model.blocks[1].attn.gate.weight.grad.abs().sum() > 0
+
+
+def test_sinks_need_softmax():
+    with pytest.raises(ValueError, match="sinks=True needs the softmax"):
+        _model(sinks=True, normalizer="sparsemax")

@@ -21,9 +21,11 @@ from . import (
     attention,
     capping,
     device,
+    differential,
     flex,
     gradients,
     kernels,
+    length,
     losses,
     masking,
     models,
@@ -33,6 +35,9 @@ from . import (
     plotting,
     reference,
     sampling,
+    selective,
+    sinks,
+    stickbreaking,
     timing,
 )
 from . import softmax as _softmax_module
@@ -41,9 +46,11 @@ from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .capping import *  # noqa: F403
 from .device import *  # noqa: F403
+from .differential import *  # noqa: F403
 from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
+from .length import *  # noqa: F403
 from .losses import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
@@ -52,7 +59,10 @@ from .online import *  # noqa: F403
 from .patterns import *  # noqa: F403
 from .plotting import *  # noqa: F403
 from .sampling import *  # noqa: F403
+from .selective import *  # noqa: F403
+from .sinks import *  # noqa: F403
 from .softmax import *  # noqa: F403
+from .stickbreaking import *  # noqa: F403
 from .timing import *  # noqa: F403
 
 if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
@@ -73,6 +83,11 @@ __all__ = [
     *online.__all__,
     *gradients.__all__,
     *alternatives.__all__,
+    *sinks.__all__,
+    *length.__all__,
+    *stickbreaking.__all__,
+    *differential.__all__,
+    *selective.__all__,
     *capping.__all__,
     *losses.__all__,
     *sampling.__all__,

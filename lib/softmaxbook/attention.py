@@ -25,7 +25,10 @@ from .alternatives import (
     softmax_one,
     sparsemax,
 )
+from .length import scalable_softmax
 from .masking import causal_mask, masked_softmax
+from .sinks import clipped_softmax, relu_attention, sink_softmax, softpick
+from .stickbreaking import stick_breaking
 
 __all__ = ["scaled_dot_product_attention", "NORMALIZERS"]
 
@@ -45,6 +48,11 @@ NORMALIZERS: dict[str, Normalizer] = {
     "softmax_one": softmax_one,
     "relu": relu_normalize,
     "sigmoid": sigmoid_normalize,
+    "softpick": softpick,
+    "clipped_softmax": clipped_softmax,
+    "relu_attention": relu_attention,
+    "scalable_softmax": scalable_softmax,
+    "stick_breaking": stick_breaking,
 }
 
 
@@ -77,6 +85,7 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | None = None,
     normalizer: str | Normalizer = "softmax",
+    sinks: Tensor | None = None,
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Attention:
@@ -118,8 +127,17 @@ def scaled_dot_product_attention(
         :data:`~softmaxbook.attention.NORMALIZERS`, or a callable
         ``f(scores, dim=-1)`` that maps scores (``-inf`` at masked entries) to
         weights of the same shape.
+    sinks : Tensor, optional
+        Learned sink logits (as in gpt-oss), one per row of the batch
+        dimensions: a floating-point tensor that broadcasts to ``...`` (e.g.
+        ``(H,)`` for ``(B, H, L, D)`` queries: one per head). Each row's
+        softmax then runs over its scores and the sink logit :math:`b`, and
+        the sink's weight is dropped:
+        :math:`w_j = e^{s_j} / (e^{b} + \sum_k e^{s_k})`
+        (:func:`~softmaxbook.sink_softmax`); the weights sum to less than 1,
+        and ``sinks`` gets a gradient. Softmax normalizer only.
     return_weights : bool
-        Also return the weights.
+        Also return the weights (without the sink's).
 
     Returns
     -------
@@ -137,16 +155,25 @@ def scaled_dot_product_attention(
         If the shapes do not match (``D`` of ``q`` and ``k``, ``S`` of ``k``
         and ``v``, batch dimensions, the mask), if ``mask`` is given together
         with ``is_causal=True``, if ``scale <= 0``, or if ``normalizer`` is an
-        unknown name or returns the wrong shape.
+        unknown name or returns the wrong shape; if ``sinks`` does not
+        broadcast to the batch dimensions, or comes with another normalizer
+        than softmax.
     """
-    _, scale, _ = check_attention_args(q, k, v, mask, is_causal, scale)
+    batch, scale, _ = check_attention_args(q, k, v, mask, is_causal, scale)
     name, normalize = resolve_normalizer(normalizer)
+    is_softmax = name == "softmax" and normalize is NORMALIZERS.get("softmax")
+    if sinks is not None:
+        sinks = _check_sinks(sinks, batch, q, is_softmax)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
     if is_causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
     if mask is not None:  # a mask may have batch dimensions that only v has
         scores = scores.expand(torch.broadcast_shapes(scores.shape, mask.shape))
-    if name == "softmax" and normalize is NORMALIZERS.get("softmax"):
+    if sinks is not None:  # removed keys are -inf; a row of them gives zeros
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = sink_softmax(scores, sinks[..., None, None], dim=-1)
+    elif is_softmax:
         weights = masked_softmax(scores, mask)
     elif mask is None:
         weights = _checked(normalize(scores, dim=-1), scores, name)
@@ -154,6 +181,34 @@ def scaled_dot_product_attention(
         weights = _masked_normalize(normalize, scores, mask.expand(scores.shape), name)
     out = weights @ v  # (..., L, Dv)
     return (out, weights) if return_weights else out
+
+
+def _check_sinks(sinks, batch: tuple[int, ...], q: Tensor, is_softmax: bool) -> Tensor:
+    """Sink logits that broadcast to the batch dimensions, for softmax only."""
+    if not is_softmax:
+        raise ValueError(
+            "sinks are sink logits of the softmax (as in gpt-oss); with another "
+            "normalizer, leave them out"
+        )
+    if not isinstance(sinks, Tensor) or not sinks.is_floating_point():
+        got = sinks.dtype if isinstance(sinks, Tensor) else type(sinks).__name__
+        raise TypeError(f"sinks must be a floating-point tensor, got {got}")
+    if sinks.device != q.device:
+        raise ValueError(
+            f"sinks is on {sinks.device} but q is on {q.device}; "
+            "move it with sinks.to(q.device)"
+        )
+    try:
+        fits = torch.broadcast_shapes(sinks.shape, batch) == batch
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"sinks of shape {tuple(sinks.shape)} must broadcast to the batch "
+            f"dimensions {batch} of the scores: one sink logit per head, e.g. "
+            "(H,) for q of shape (B, H, L, D)"
+        )
+    return sinks
 
 
 def _checked(weights, scores: Tensor, name: str) -> Tensor:

@@ -52,6 +52,7 @@ from .gradients import check_softmax_backward
 from .masking import check_masked_softmax
 from .online import check_merge_attention_states
 from .sampling import check_top_p_filter
+from .sinks import check_sink_softmax
 from .softmax import check_log_softmax, check_softmax
 from .sparsemax import check_sparsemax
 
@@ -66,6 +67,7 @@ __all__ = [
     "check_top_p_filter",
     "check_merge_attention_states",
     "check_attention_entropy",
+    "check_sink_softmax",
 ]
 
 # The report's class keeps its public path, softmaxbook.checks.CheckReport, in

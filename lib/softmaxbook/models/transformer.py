@@ -42,6 +42,20 @@ class MultiHeadAttention(nn.Module):
         Divides the scaled scores.
     causal : bool
         Each position attends only to itself and earlier positions.
+    sinks : bool
+        Give each head a learned sink logit :math:`b_h` (as in gpt-oss): the
+        parameter :attr:`sinks` of shape ``(H,)``, initialized to 0, so that
+        a head's weights are
+        :math:`e^{s_j} / (e^{b_h} + \sum_k e^{s_k})` and may sum to less
+        than 1 (at initialization, :func:`~softmaxbook.softmax_one`). Softmax
+        normalizer only.
+    gate : bool
+        Multiply the heads' output, before :math:`W_O`, by an elementwise
+        sigmoid gate :math:`\sigma(x W_\theta + b_\theta)` computed from the
+        layer's input (the gated attention of Qiu et al., 2025): a head can
+        then output (almost) nothing without a sink. Its weights start like
+        every linear map's and its bias at 0, so the gate averages about 1/2
+        at initialization.
     """
 
     def __init__(
@@ -53,6 +67,8 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         temperature: float = 1.0,
         causal: bool = True,
+        sinks: bool = False,
+        gate: bool = False,
     ) -> None:
         super().__init__()
         d_model = check_positive_int(d_model, "d_model")
@@ -61,7 +77,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"d_model={d_model} must be a multiple of n_heads={n_heads}"
             )
-        resolve_normalizer(normalizer)  # fail now, not at the first forward pass
+        name, _ = resolve_normalizer(normalizer)  # fail now, not at the first pass
+        if sinks and name != "softmax":
+            raise ValueError(
+                f"sinks=True needs the softmax normalizer, got normalizer={name!r}"
+            )
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.normalizer = normalizer
         base = (
@@ -74,6 +94,10 @@ class MultiHeadAttention(nn.Module):
         self.causal = bool(causal)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
+        #: The learned sink logits ``(H,)``, or None.
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
+        #: The gate's linear map ``d_model -> d_model``, or None.
+        self.gate = nn.Linear(d_model, d_model) if gate else None
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Return ``(output, weights)``: ``(B, L, d_model)`` and ``(B, H, L, L)``."""
@@ -87,9 +111,13 @@ class MultiHeadAttention(nn.Module):
             is_causal=self.causal,
             scale=self.score_scale,
             normalizer=self.normalizer,
+            sinks=self.sinks,
             return_weights=True,
         )  # (B, H, L, D), (B, H, L, L)
-        return self.out(heads.transpose(1, 2).reshape(B, L, d_model)), weights
+        heads = heads.transpose(1, 2).reshape(B, L, d_model)
+        if self.gate is not None:  # elementwise, so per head and per dimension
+            heads = heads * torch.sigmoid(self.gate(x))
+        return self.out(heads), weights
 
 
 class TransformerBlock(nn.Module):
@@ -167,6 +195,9 @@ class TinyTransformer(nn.Module):
         Causal self-attention (a position sees itself and the past only).
     init_gain : float
         Multiplies the initial query and key weights.
+    sinks, gate : bool
+        Learned sink logits per head, and gated attention, in every layer
+        (see :class:`MultiHeadAttention`).
     generator : torch.Generator, optional
         Seeds the initialization (a CPU generator).
 
@@ -174,6 +205,7 @@ class TinyTransformer(nn.Module):
     ------
     ValueError
         On a non-positive size, scale or temperature, an unknown normalizer,
+        ``sinks=True`` with a normalizer other than softmax,
         or ``d_model`` not a multiple of ``n_heads``.
     """
 
@@ -191,6 +223,8 @@ class TinyTransformer(nn.Module):
         temperature: float = 1.0,
         causal: bool = True,
         init_gain: float = 1.0,
+        sinks: bool = False,
+        gate: bool = False,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
@@ -210,6 +244,8 @@ class TinyTransformer(nn.Module):
                 scale=scale,
                 temperature=temperature,
                 causal=causal,
+                sinks=sinks,
+                gate=gate,
             )
             for _ in range(n_layers)
         )

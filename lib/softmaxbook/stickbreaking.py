@@ -1,0 +1,93 @@
+r"""Stick-breaking attention: weights that favour the nearest matching key.
+
+Tan et al. (2025) replace the softmax of a causal transformer by a
+stick-breaking process. Each key :math:`j` before the query gets a break
+point :math:`\beta_j = \sigma(x_j)`; walking back from the most recent key,
+each key takes the fraction :math:`\beta_j` of the stick that the keys after
+it left over:
+
+.. math::
+
+    A_j = \beta_j \prod_{k > j} (1 - \beta_k).
+
+A key with a high score takes (almost) the whole stick and hides every older
+key; two equally good keys do not split the weight, the more recent one gets
+it. The order of the keys is part of the map, so it needs no positional
+embedding for recency. The weights sum to
+:math:`1 - \prod_k (1 - \beta_k) \le 1`: what is left of the stick is not
+spent, so a row of low scores attends to (almost) nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import check_dim, check_float
+
+__all__ = ["stick_breaking"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _stick_breaking(x: Tensor, dim: int) -> Tensor:
+    # In log space: log A_j = log sigma(x_j) + sum_{k > j} log sigma(-x_k). A
+    # removed key (-inf) has log sigma(-x) = 0: it leaves the stick untouched.
+    keep = F.logsigmoid(-x)
+    # The sum over k > j: a reversed cumulative sum, shifted by one so that no
+    # -inf (a key with score +inf) is ever subtracted from another.
+    after = keep.flip(dim).cumsum(dim).flip(dim).narrow(dim, 1, x.shape[dim] - 1)
+    after = torch.cat([after, torch.zeros_like(keep.narrow(dim, 0, 1))], dim)
+    return torch.exp(F.logsigmoid(x) + after)
+
+
+def stick_breaking(x: Tensor, dim: int = -1) -> Tensor:
+    r"""Stick-breaking weights:
+    :math:`A_j = \sigma(x_j) \prod_{k > j} \big(1 - \sigma(x_k)\big)`.
+
+    The attention of Tan et al. (2025). The stick is broken from the **last**
+    entry along ``dim`` backward: in a causal attention row the last visible
+    key is the most recent one (with the library's causal mask, the query's
+    own key), so recent keys are served first. Computed in log space, stable
+    for any input. The weights sum to :math:`1 - \prod_k (1 - \sigma(x_k))`,
+    at most 1; the rest of the stick goes to no key.
+
+    ``-inf`` entries are removed keys: weight 0, and they take nothing from
+    the stick (:math:`\sigma(-\infty) = 0`). A row of only ``-inf`` gives
+    zeros, and so does a row of very negative scores.
+
+    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
+
+    Equivalent, along the last dimension, to ``b * torch.cat([left[..., 1:],
+    ones], -1)`` with ``b = torch.sigmoid(x)`` and
+    ``left = (1 - b).flip(-1).cumprod(-1).flip(-1)``.
+
+    Parameters
+    ----------
+    x : Tensor
+        Scores, any floating dtype and device.
+    dim : int
+        The dimension of the keys, in order; negative values count from the
+        end.
+
+    Returns
+    -------
+    Tensor
+        Non-negative weights whose sum along ``dim`` is at most 1.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a floating-point tensor or ``dim`` is not an int.
+    IndexError
+        If ``dim`` is out of range.
+    """
+    check_float(x)
+    dim = check_dim(x, dim)
+    if x.dim() == 0:
+        return stick_breaking(x.unsqueeze(0), 0).squeeze(0)
+    if x.numel() == 0:
+        return x * 0
+    compute = torch.float32 if x.dtype in _HALF else x.dtype
+    return _stick_breaking(x.to(compute), dim).to(x.dtype)
