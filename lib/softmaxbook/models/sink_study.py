@@ -19,7 +19,7 @@ an installed ``softmaxbook`` too::
 
     from softmaxbook.models import sink_study as ss
     stored = ss.load()                  # the sweep as it was measured
-    fresh = ss.run("softmax", seed=1)   # one run again, a few minutes on a CPU
+    fresh = ss.run("softmax", seed=1)   # one run again: under a minute on a CPU
 
 A *seed* ``s`` initializes the model with ``s`` and draws the minibatches with
 ``s + 1``; the data are the same in every run. The chapter, the script and
