@@ -27,7 +27,7 @@ PUBLIC = {
     "scaled_dot_product_attention", "NORMALIZERS",
     # online softmax and FlashAttention
     "online_softmax", "flash_attention", "flash_attention_steps", "FlashStep",
-    "merge_attention_states",
+    "merge_attention_states", "flash_attention_backward", "CAUSAL_ALIGNMENTS",
     # gradients
     "softmax_jacobian", "softmax_backward", "SoftmaxFunction",
     "softmax_with_custom_backward",

@@ -18,6 +18,7 @@ from . import (
     attention,
     checks,
     device,
+    flash,
     gradients,
     kernels,
     masking,
@@ -34,6 +35,7 @@ from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .device import *  # noqa: F403
+from .flash import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
 from .masking import *  # noqa: F403
@@ -56,6 +58,7 @@ __all__ = [
     *masking.__all__,
     *attention.__all__,
     *online.__all__,
+    *flash.__all__,
     *gradients.__all__,
     *alternatives.__all__,
     *sampling.__all__,

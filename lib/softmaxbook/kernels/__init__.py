@@ -1,5 +1,5 @@
 r"""Triton kernels behind the library's functions: a fused row softmax and
-FlashAttention.
+FlashAttention, forward and backward.
 
 On a CUDA device with Triton installed, :func:`fused_softmax` and
 :func:`~softmaxbook.flash_attention` run these kernels; everywhere else they run
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._checks import check_attention_args, check_dim, check_float
+from .._checks import check_dim, check_float
 from . import dispatch
 from .dispatch import (
     INTERPRETER_ENV_VAR,
@@ -176,18 +176,34 @@ def triton_flash_attention(
     v: Tensor,
     *,
     mask: Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
     return_lse: bool = False,
+    enable_gqa: bool = False,
+    sinks: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    r"""FlashAttention's forward pass as one Triton kernel.
+    r"""FlashAttention in Triton kernels: the forward pass, and the backward pass when
+    a gradient is needed.
 
-    One program computes a block of query rows: it loads the queries once,
-    streams the key and value tiles through on-chip memory with the online
-    softmax (running maximum, running sum, rescaled output accumulator) and
-    writes only the output rows and their logsumexp. The scores exist only
-    tile by tile in registers. Runs natively on CUDA tensors and in Triton's
-    interpreter on CPU tensors (see :func:`enable_interpreter`).
+    Forward: one program computes a block of query rows. It loads the queries
+    once, streams the key and value tiles through on-chip memory with the
+    online softmax (running maximum, running sum, rescaled output
+    accumulator), and writes only the output rows and their logsumexp. The
+    scores exist only tile by tile, in registers, in base 2: ``log2(e)`` is
+    folded into the scale so that ``exp2`` replaces ``exp``.
+
+    Backward (two kernels, no atomics): one program per block of keys keeps
+    their :math:`dK, dV` in registers while the query blocks stream past,
+    and one program per block of queries does the same for :math:`dQ`. Both
+    recompute each tile of weights from the saved logsumexp,
+    :math:`P = 2^{s_2 - \mathrm{lse}_2}`, and use
+    :math:`dS = P \circ (dP - \delta)` with
+    :math:`\delta = \mathrm{rowsum}(dO \circ O)`, so no weight is stored.
+
+    Runs natively on CUDA tensors and in Triton's interpreter on CPU tensors
+    (see :func:`enable_interpreter`). Sinks are merged into each row's
+    result in torch, after the kernel (a sink is a partial result with
+    logsumexp ``sink`` and output 0).
 
     Shapes: as :func:`~softmaxbook.flash_attention`: ``q`` ``(..., L, D)``,
     ``k`` ``(..., S, D)``, ``v`` ``(..., S, Dv)`` with broadcasting batch
@@ -195,7 +211,8 @@ def triton_flash_attention(
     logsumexp ``(..., L)`` in float32.
 
     Equivalent to ``softmaxbook.flash_attention(q, k, v, mask=mask,
-    is_causal=is_causal, scale=scale, return_lse=return_lse)``.
+    is_causal=is_causal, scale=scale, return_lse=return_lse,
+    enable_gqa=enable_gqa, sinks=sinks)``.
 
     Raises
     ------
@@ -208,7 +225,12 @@ def triton_flash_attention(
     RuntimeError
         If the tensors are on the CPU and the interpreter is not enabled.
     """
-    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
+    # The layout, the checks and the autograd Function are flash_attention's; only
+    # the path differs. (Imported here: softmaxbook.flash imports this package.)
+    from ..flash import _attention
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(t, name)
     _check_kernel_dtype(q, "q")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_runnable(t, name)
@@ -225,8 +247,19 @@ def triton_flash_attention(
             f"the kernel takes head dimensions up to {limit}, got q "
             f"{tuple(q.shape)} and v {tuple(v.shape)}"
         )
-    out, lse = _backend().flash_attention(q, k, v, batch, keep, is_causal, scale)
-    return (out, lse) if return_lse else out
+    return _attention(
+        q,
+        k,
+        v,
+        mask,
+        is_causal,
+        scale,
+        (64, 64),
+        return_lse,
+        enable_gqa,
+        sinks,
+        path="triton",
+    )
 
 
 def _check_kernel_dtype(x: Tensor, name: str) -> None:
@@ -238,12 +271,19 @@ def _check_kernel_dtype(x: Tensor, name: str) -> None:
 
 
 def kernel_source(name: str) -> str:
-    """The Triton source of a kernel, ``"softmax"`` or ``"flash_attention"``, as text.
+    """The Triton source of a kernel, as text: ``"softmax"``, ``"flash_attention"``
+    (the forward pass), ``"flash_attention_dkdv"`` and ``"flash_attention_dq"``
+    (the backward pass).
 
     Read from the module file without importing Triton, so that the book can
     show the kernels on any machine.
     """
-    names = {"softmax": "_softmax_kernel", "flash_attention": "_flash_attention_kernel"}
+    names = {
+        "softmax": "_softmax_kernel",
+        "flash_attention": "_flash_attention_kernel",
+        "flash_attention_dkdv": "_flash_attention_dkdv_kernel",
+        "flash_attention_dq": "_flash_attention_dq_kernel",
+    }
     if name not in names:
         raise ValueError(f"name={name!r} is unknown; expected one of {sorted(names)}")
     text = (Path(__file__).with_name("_triton.py")).read_text()
