@@ -17,6 +17,7 @@ from . import (
     analysis,
     attention,
     checks,
+    decode,
     device,
     flash,
     gradients,
@@ -27,6 +28,7 @@ from . import (
     online,
     plotting,
     reference,
+    ring,
     sampling,
     timing,
 )
@@ -34,6 +36,7 @@ from . import softmax as _softmax_module
 from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
+from .decode import *  # noqa: F403
 from .device import *  # noqa: F403
 from .flash import *  # noqa: F403
 from .gradients import *  # noqa: F403
@@ -43,6 +46,7 @@ from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
 from .plotting import *  # noqa: F403
+from .ring import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .softmax import *  # noqa: F403
 from .timing import *  # noqa: F403
@@ -59,6 +63,8 @@ __all__ = [
     *attention.__all__,
     *online.__all__,
     *flash.__all__,
+    *decode.__all__,
+    *ring.__all__,
     *gradients.__all__,
     *alternatives.__all__,
     *sampling.__all__,

@@ -28,7 +28,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _tiles
-from ._checks import check_attention_args, check_float, check_positive_int
+from ._checks import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
+from ._checks import (
+    check_attention_args,
+    check_causal,
+    check_float,
+    check_gqa_heads,
+    check_positive_int,
+)
 from .kernels import dispatch as _dispatch
 
 __all__ = [
@@ -48,29 +55,12 @@ DEFAULT_BLOCK_SIZE = (256, 512)
 #: ``L != S``: ``"top_left"`` (torch's ``is_causal=True``: query ``i`` sees keys
 #: ``j <= i``) and ``"bottom_right"`` (flash-attn's: the last query sees the last
 #: key, ``j <= i + S - L``, the KV-cache case).
-CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+CAUSAL_ALIGNMENTS = _CAUSAL_ALIGNMENTS
 
 
 # --------------------------------------------------------------------------------------
 # Arguments and the flat layout
 # --------------------------------------------------------------------------------------
-
-
-def causal_alignment(is_causal) -> str | None:
-    """``None`` for no causal mask, else ``"top_left"`` or ``"bottom_right"``."""
-    if isinstance(is_causal, bool):
-        return "top_left" if is_causal else None
-    if isinstance(is_causal, str):
-        if is_causal not in CAUSAL_ALIGNMENTS:
-            raise ValueError(
-                f"is_causal={is_causal!r} is unknown; expected True, False or one "
-                f"of {list(CAUSAL_ALIGNMENTS)}"
-            )
-        return is_causal
-    raise TypeError(
-        f"is_causal must be a bool or one of {list(CAUSAL_ALIGNMENTS)}, "
-        f"got {type(is_causal).__name__}"
-    )
 
 
 def _block_sizes(block_size) -> tuple[int, int]:
@@ -91,21 +81,8 @@ def _block_sizes(block_size) -> tuple[int, int]:
 def _group_heads(q, k, v, mask):
     """For ``enable_gqa``: view q as ``(..., Hkv, G, L, D)`` and k, v as ``(..., Hkv,
     1, S, .)``; return them, the mask to match, and G."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.dim() < 3:
-            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(
-                f"enable_gqa=True needs {name} with a head dimension (..., heads, "
-                f"length, dim), got {shape}"
-            )
-    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-    if hk != hv or hk == 0 or hq % hk:
-        raise ValueError(
-            "enable_gqa=True needs k and v with the same number of heads, dividing "
-            f"the number of query heads; got q {tuple(q.shape)}, k "
-            f"{tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    groups = hq // hk
+    groups = check_gqa_heads(q, k, v)
+    hq, hk = q.shape[-3], k.shape[-3]
     if mask is not None and isinstance(mask, Tensor):
         L, S = q.shape[-2], k.shape[-2]
         try:
@@ -177,7 +154,7 @@ class _Call(NamedTuple):
 
 def _prepare(q, k, v, mask, is_causal, scale, block_size, enable_gqa, sinks) -> _Call:
     """Check the arguments of a call and bring it to the flat layout."""
-    align = causal_alignment(is_causal)
+    align = check_causal(is_causal)
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
     q_shape = q.shape if isinstance(q, Tensor) else None
@@ -640,7 +617,7 @@ def flash_attention_steps(
     TypeError, ValueError
         For bad input, as :func:`flash_attention`.
     """
-    align = causal_alignment(is_causal)
+    align = check_causal(is_causal)
     batch, scale, keep = check_attention_args(q, k, v, mask, align is not None, scale)
     block_q, block_k = _block_sizes(block_size)
     L, S = q.shape[-2], k.shape[-2]

@@ -128,8 +128,11 @@ def merge_attention_states(
     )  # both parts empty: keep exp(-inf - -inf) out
     wa, wb = torch.exp(la - shift), torch.exp(lb - shift)
     total = wa + wb
-    lse = shift + torch.log(total)  # -inf where both parts are empty
-    denom = torch.where(total > 0, total, torch.ones_like(total))
+    empty = total == 0  # both parts empty
+    # log of a stand-in 1 there, then -inf: log(0) would be right forward but give
+    # an infinite derivative, and inf * 0 = nan gradients in the backward pass.
+    denom = torch.where(empty, torch.ones_like(total), total)
+    lse = (shift + torch.log(denom)).masked_fill(empty, float("-inf"))
     share_a, share_b = (
         (wa / denom).unsqueeze(-1),
         (wb / denom).unsqueeze(-1),
