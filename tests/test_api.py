@@ -63,6 +63,7 @@ MODULE_PATHS = {
     "softmaxbook.device": ["get_device", "explain_dispatch", "DispatchDecision",
                            "triton_available"],
     "softmaxbook.kernels": ["fused_softmax", "triton_softmax", "triton_flash_attention",
+                            "triton_flash_forward", "triton_flash_backward",
                             "enable_interpreter", "interpreter_enabled",
                             "triton_available", "kernel_source", "explain_dispatch",
                             "DispatchDecision"],

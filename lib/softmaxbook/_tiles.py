@@ -284,7 +284,14 @@ def _heads_per_tile(BH: int, bq: int, bk: int) -> int:
 def _workers(device: torch.device, units: int) -> int:
     if device.type != "cpu":
         return 1  # one stream of GPU kernels; the device parallelizes
+    if _functorch_active():
+        return 1  # torch.func's wrapped tensors live in this thread only
     return max(1, min(torch.get_num_threads(), units))
+
+
+def _functorch_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
 
 
 def _run(fn, units, cost, p: Problem, *args):

@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _tiles
+from . import kernels as _kernels
 from ._checks import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
 from ._checks import (
     check_attention_args,
@@ -236,28 +237,42 @@ def _with_sink(out: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]
     return out * share.unsqueeze(-1), total
 
 
-def _kernels():
-    # The Triton launchers, imported on first use (they import Triton), with a
-    # clear error when Triton is missing.
-    from .kernels import _backend
+def _fold_vmapped(info, in_dims, tensors):
+    """A vmapped dimension is one more batch of heads: move it first and fold it into
+    the ``BH`` dimension of each tensor (None stays None)."""
+    folded = []
+    for x, dim in zip(tensors, in_dims, strict=True):
+        if x is not None:
+            x = (
+                x.expand((info.batch_size, *x.shape))
+                if dim is None
+                else x.movedim(dim, 0)
+            )
+            x = x.reshape((-1, *x.shape[2:]))
+        folded.append(x)
+    return folded
 
-    return _backend()
+
+def _unfold_vmapped(info, tensors):
+    return tuple(x.reshape((info.batch_size, -1, *x.shape[1:])) for x in tensors)
 
 
 class _FlashAttentionFunction(torch.autograd.Function):
     """FlashAttention on the flat layout, with the recomputing backward.
 
     Saves ``q, k, v``, the output and the logsumexp (and the sinks); the
-    backward pass recomputes the score tiles (:func:`_tiles.backward`, or the
-    Triton kernels when ``path == "triton"``).
+    backward pass recomputes the score tiles (:class:`_FlashBackward`).
     """
 
     @staticmethod
     def forward(q, k, v, sinks, keep, causal, scale, block_q, block_k, path):
-        p = _tiles.Problem(q, k, v, keep, causal, scale, block_q, block_k)
-        out, lse = (
-            _kernels().flash_forward(p) if path == "triton" else _tiles.forward(p)
-        )
+        if path == "triton":
+            out, lse = _kernels.triton_flash_forward(
+                q, k, v, mask=keep, causal=causal, scale=scale
+            )
+        else:
+            p = _tiles.Problem(q, k, v, keep, causal, scale, block_q, block_k)
+            out, lse = _tiles.forward(p)
         if sinks is not None:
             out, lse = _with_sink(out, lse, sinks)
         return out.to(q.dtype), lse
@@ -273,11 +288,10 @@ class _FlashAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, sinks, keep = ctx.saved_tensors
-        causal, scale, block_q, block_k, path = ctx.args
-        p = _tiles.Problem(q, k, v, keep, causal, scale, block_q, block_k)
         delta = _delta(out, grad_out, grad_lse)
-        run = _kernels().flash_backward if path == "triton" else _tiles.backward
-        dq, dk, dv = run(p, grad_out, lse, delta)
+        dq, dk, dv = _FlashBackward.apply(
+            q, k, v, keep, grad_out, lse, delta, *ctx.args
+        )
         d_sinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             # The sink is one more score with value 0: its gradient is its weight
@@ -288,26 +302,42 @@ class _FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, q, k, v, sinks, keep, causal, scale, bq, bk, path):
-        # A vmapped dimension is one more batch of heads: fold it into BH.
-        def flat(x, dim):
-            if x is None:
-                return None
-            x = (
-                x.expand((info.batch_size,) + x.shape)
-                if dim is None
-                else x.movedim(dim, 0)
-            )
-            return x.reshape((-1,) + x.shape[2:])
+        args = _fold_vmapped(info, in_dims[:5], (q, k, v, sinks, keep))
+        out = _FlashAttentionFunction.apply(*args, causal, scale, bq, bk, path)
+        return _unfold_vmapped(info, out), (0, 0)
 
-        args = [
-            flat(x, d) for x, d in zip((q, k, v, sinks, keep), in_dims[:5], strict=True)
-        ]
-        out, lse = _FlashAttentionFunction.apply(*args, causal, scale, bq, bk, path)
-        unflat = (info.batch_size, -1)
-        return (
-            out.reshape(unflat + out.shape[1:]),
-            lse.reshape(unflat + lse.shape[1:]),
-        ), (0, 0)
+
+class _FlashBackward(torch.autograd.Function):
+    """The tile loops of the backward pass as a Function of their own, so that
+    ``torch.func.vmap`` can batch them too (per-sample gradients): its vmap rule
+    folds the vmapped dimension into the heads, as the forward's does."""
+
+    @staticmethod
+    def forward(q, k, v, keep, grad_out, lse, delta, causal, scale, bq, bk, path):
+        if path == "triton":
+            return _kernels.triton_flash_backward(
+                q, k, v, grad_out, lse, delta, mask=keep, causal=causal, scale=scale
+            )
+        p = _tiles.Problem(q, k, v, keep, causal, scale, bq, bk)
+        return _tiles.backward(p, grad_out, lse, delta)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass  # first-order gradients only: nothing to save
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "flash_attention supports first-order gradients only (its backward pass "
+            "is not differentiable)"
+        )
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, keep, grad_out, lse, delta, *args):
+        tensors = _fold_vmapped(
+            info, in_dims[:7], (q, k, v, keep, grad_out, lse, delta)
+        )
+        return _unfold_vmapped(info, _FlashBackward.apply(*tensors, *args)), (0, 0, 0)
 
 
 def _delta(out: Tensor, grad_out: Tensor, grad_lse: Tensor | None) -> Tensor:
@@ -549,9 +579,21 @@ def flash_attention_backward(
     dlse3 = None if grad_lse is None else rows(grad_lse.unsqueeze(-1), (1,)).squeeze(-1)
     p = call.problem
     path = _dispatch.explain_dispatch("flash_attention", q, k, v).path
-    run = _kernels().flash_backward if path == "triton" else _tiles.backward
     with torch.no_grad():
-        dq, dk, dv = run(p, do3, lse3, _delta(out3, do3, dlse3))
+        dq, dk, dv = _FlashBackward.forward(
+            p.q,
+            p.k,
+            p.v,
+            p.keep,
+            do3,
+            lse3,
+            _delta(out3, do3, dlse3),
+            p.causal,
+            p.scale,
+            p.block_q,
+            p.block_k,
+            path,
+        )
     dq = _unrows_heads(call.layout.unrows(dq), call).sum_to_size(q.shape)
     k_shape = k.unsqueeze(-3).shape if call.grouped else k.shape
     v_shape = v.unsqueeze(-3).shape if call.grouped else v.shape

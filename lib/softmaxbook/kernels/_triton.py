@@ -11,6 +11,7 @@ program by program in NumPy on the CPU.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -280,6 +281,19 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 _LOG2E = math.log2(math.e)
 
 
+class Flat(NamedTuple):
+    """One attention call on the flat layout: ``q`` ``(BH, R, D)``, ``k`` ``(BH, S,
+    D)``, ``v`` ``(BH, S, Dv)``, ``keep`` ``(BH, R, S)`` bool or None, ``causal``
+    ``(period, offset)`` (row ``r`` sees keys ``j <= r % period + offset``) or None."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    keep: torch.Tensor | None
+    causal: tuple[int, int] | None
+    scale: float
+
+
 def _launch_args(p):
     """What the three attention kernels share: the strides and the constants."""
     R, S, D, DV = p.q.shape[1], p.k.shape[1], p.q.shape[2], p.v.shape[2]
@@ -287,7 +301,7 @@ def _launch_args(p):
         mask = p.keep.view(torch.uint8)  # bool as bytes: a view, no copy
     else:
         mask = torch.ones((1, 1, 1), dtype=torch.uint8, device=p.q.device)  # unread
-    period, offset = (1, 0) if p.causal is None else (p.causal.period, p.causal.offset)
+    period, offset = (1, 0) if p.causal is None else p.causal
     block_d = max(16, triton.next_power_of_2(D))
     block_dv = max(16, triton.next_power_of_2(DV))
     block = 64 if max(block_d, block_dv) <= 128 else 32
@@ -306,8 +320,8 @@ def _launch_args(p):
 
 
 def flash_forward(p):
-    """Launch :func:`_flash_attention_kernel` on a flat problem (checked by the
-    caller); returns ``(out, lse)``, ``out`` in the dtype of ``q``."""
+    """Launch :func:`_flash_attention_kernel` on a :class:`Flat` problem (checked by
+    the caller); returns ``(out, lse)``, ``out`` in the dtype of ``q``."""
     BH, R, _ = p.q.shape
     S, DV = p.k.shape[1], p.v.shape[2]
     out = torch.zeros((BH, R, DV), dtype=p.q.dtype, device=p.q.device)
