@@ -229,6 +229,34 @@ def test_flash_attention_any_tiling_gives_attention(L, S, bq, bk, causal, seed):
     )
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    L=st.integers(1, 20),
+    S=st.integers(1, 20),
+    bq=st.integers(1, 9),
+    bk=st.integers(1, 9),
+    heads=st.sampled_from([(4, 4), (4, 2), (4, 1)]),  # (Hq, Hkv): MHA, GQA, MQA
+    seed=st.integers(0, 2**16),
+)
+def test_any_tiling_with_bottom_right_alignment_and_grouped_heads(
+    L, S, bq, bk, heads, seed
+):
+    # Grouped heads are stacked as rows, so a tile of rows spans several query
+    # positions and wraps around: the causal rule must hold row by row.
+    g = torch.Generator().manual_seed(seed)
+    hq, hkv = heads
+    q = torch.randn(1, hq, L, 4, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, hkv, S, 4, generator=g, dtype=torch.float64) for _ in "kv")
+    mask = sb.aligned_causal_mask(L, S, align="bottom_right")
+    kr, vr = sb.repeat_kv_heads(k, hq // hkv), sb.repeat_kv_heads(v, hq // hkv)
+    torch.testing.assert_close(
+        sb.flash_attention(
+            q, k, v, is_causal="bottom_right", enable_gqa=True, block_size=(bq, bk)
+        ),
+        sb.scaled_dot_product_attention(q, kr, vr, mask=mask),
+    )
+
+
 def test_flash_attention_steps_trace_the_running_state():
     q, k, v = _qkv(8, 8, D=4, batch=(), dtype=torch.float64)
     steps = list(sb.flash_attention_steps(q, k, v, block_size=4))
