@@ -140,17 +140,14 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
     check_empty = p.may_be_empty()
     for h0, h1, r0, r1 in units:
         n_h, n_r = h1 - h0, r1 - r0
-        qb = p.q[h0:h1, r0:r1].to(p.acc_dtype) * c  # (heads, bq, D)
+        qb = p.q[h0:h1, r0:r1].to(p.acc_dtype) * c  # (heads, bq, D), base-2 units
         m = qb.new_full((n_h, n_r, 1), float("-inf"))  # running maximum
         ell = qb.new_zeros((n_h, n_r, 1))  # running sum of 2^(s - m)
         o = out[h0:h1, r0:r1]  # (heads, bq, Dv): the unnormalized output, in place
         for k0 in range(0, p.key_end(r0, r1), p.block_k):
             k1 = min(k0 + p.block_k, kt.shape[-1])
-            s = torch.bmm(
-                qb,
-                kt[h0:h1, :, k0:k1],
-                out=tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0),
-            )
+            s = tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0)
+            torch.bmm(qb, kt[h0:h1, :, k0:k1], out=s)
             keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
             if keep is not None:
                 s.masked_fill_(~keep, float("-inf"))
@@ -232,8 +229,8 @@ def backward(
         )
         for extra in dqs[1:]:
             dq.add_(extra)
-    dq.mul_(p.scale)
-    dk.mul_(LN2)  # dS^T (Q scale log2 e) carries a factor log2 e too many
+    dq.mul_(p.scale)  # dS is the gradient of the natural-unit scores s = scale q k^T
+    dk.mul_(p.scale)
     return dq, dk, dv
 
 
@@ -246,7 +243,7 @@ def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks
     for h0, h1 in units:
         n_h = h1 - h0
         tiles = dq.new_empty((2, n_h * bq * bk))
-        q2 = p.q[h0:h1].to(acc) * c  # (heads, R, D): base-2 scores
+        qh = p.q[h0:h1].to(acc)  # (heads, R, D): a view for float32
         do = grad_out[h0:h1].to(acc)
         for k0 in range(0, S, p.block_k) if blocks is None else blocks:
             k1 = min(k0 + p.block_k, S)
@@ -259,8 +256,11 @@ def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks
                     continue
                 shape = (n_h, r1 - r0, k1 - k0)
                 n = math.prod(shape)
-                qb = q2[:, r0:r1]
-                s = torch.bmm(qb, kb.transpose(1, 2), out=tiles[0, :n].view(shape))
+                qb = qh[:, r0:r1]
+                s = tiles[0, :n].view(shape)
+                # s = c q k^T: the GEMM applies the scale (alpha), so no scaled copy
+                # of q is needed
+                torch.baddbmm(s, qb, kb.transpose(1, 2), beta=0.0, alpha=c, out=s)
                 keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
                 if keep is not None:
                     s.masked_fill_(~keep, float("-inf"))

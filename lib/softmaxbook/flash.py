@@ -343,7 +343,8 @@ class _FlashBackward(torch.autograd.Function):
 def _delta(out: Tensor, grad_out: Tensor, grad_lse: Tensor | None) -> Tensor:
     r""":math:`\delta_i = \sum_d dO_{id} O_{id} - d\mathrm{lse}_i`, in float32+."""
     acc = torch.promote_types(out.dtype, torch.float32)
-    delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
+    # A batched dot product: dO o O is never formed as a tensor of its own.
+    delta = torch.einsum("...d,...d->...", grad_out.to(acc), out.to(acc))
     return delta if grad_lse is None else delta - grad_lse.to(acc)
 
 
