@@ -23,6 +23,13 @@ PUBLIC = {
     "softmax", "log_softmax", "logsumexp",
     # masking
     "causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value",
+    # attention patterns and the FlexAttention idea
+    "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
+    "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
+    "BlockSparsity", "flex_attention",
+    # bounded logits and the output layer's losses
+    "soft_cap", "max_attention_logits", "qk_clip_", "label_smoothed_cross_entropy",
+    "z_loss", "chunked_cross_entropy",
     # attention
     "scaled_dot_product_attention", "NORMALIZERS",
     # online softmax and FlashAttention
@@ -39,7 +46,8 @@ PUBLIC = {
     "sigmoid_normalize",
     # sampling and calibration
     "top_k_filter", "top_p_filter", "sample", "ReliabilityTable", "reliability_table",
-    "expected_calibration_error", "fit_temperature",
+    "expected_calibration_error", "fit_temperature", "min_p_filter",
+    "SpeculativeResult", "speculative_accept",
     # analysis
     "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
     # models
@@ -69,7 +77,8 @@ MODULE_PATHS = {
                             "DispatchDecision"],
     "softmaxbook.sampling": ["top_k_filter", "top_p_filter", "sample",
                              "expected_calibration_error", "reliability_table",
-                             "fit_temperature", "ReliabilityTable"],
+                             "fit_temperature", "ReliabilityTable", "min_p_filter",
+                             "speculative_accept", "SpeculativeResult"],
     "softmaxbook.models": ["make_associative_recall", "TinyTransformer", "train",
                            "evaluate", "TrainingHistory", "MultiHeadAttention",
                            "TransformerBlock"],
@@ -149,3 +158,22 @@ def test_import_leaves_the_heavy_optional_packages_alone():
     new = ast.literal_eval(done.stdout)  # a list of module names
     for heavy in ("matplotlib", "tqdm", "triton", "entmax"):
         assert heavy not in new, f"import softmaxbook imports {heavy}"
+
+
+def test_the_checkers_are_imported_on_first_use():
+    # softmaxbook.checks is a third of the library's source: `import softmaxbook`
+    # leaves it alone, and each way of reaching it imports it then.
+    code = (
+        "import sys, softmaxbook as sb; "
+        "assert 'softmaxbook.checks' not in sys.modules, 'imported eagerly'; "
+        "assert 'checks' in dir(sb); "
+        "first = sb.checks; "
+        "assert 'softmaxbook.checks' in sys.modules; "
+        "from softmaxbook import checks; import softmaxbook.checks; "
+        "assert first is checks is softmaxbook.checks is sys.modules[checks.__name__]; "
+        "from softmaxbook import *; "
+        "assert checks.check_softmax(lambda x: x.softmax(-1)).ok"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        sb.no_such_name  # noqa: B018

@@ -23,6 +23,8 @@ import torch
 
 import softmaxbook as sb
 from softmaxbook import checks
+from softmaxbook.checks._session import Session
+from softmaxbook.checks.sampling import _top_p_inputs
 
 NEG_INF = float("-inf")
 
@@ -788,7 +790,7 @@ def test_numpy_top_p():
 
 def test_top_p_inputs_stay_clear_of_the_boundary():
     """No cumulative mass of a checked row lies within float32 rounding of p."""
-    for _, z, p in checks._top_p_inputs():
+    for _, z, p in _top_p_inputs():
         probs = torch.softmax(
             torch.sort(z.double(), dim=-1, descending=True).values, -1
         )
@@ -1089,13 +1091,13 @@ def test_a_function_that_fails_only_on_some_inputs_gets_every_other_check():
 def test_the_device_check_runs_when_asked(checker, fn, monkeypatch):
     """On a CPU-only machine the device check runs only with an explicit device."""
     calls = []
-    original = checks._Session.on_device
+    original = Session.on_device
 
     def counted(self, *args, **kwargs):
         calls.append(self.device)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(checks._Session, "on_device", counted)
+    monkeypatch.setattr(Session, "on_device", counted)
     _assert_passes(checker(fn, device="cpu"))
     assert calls == [torch.device("cpu")]
 

@@ -567,3 +567,80 @@ def test_sample_upcasts_before_dividing_by_a_small_temperature(dtype):
     assert torch.equal(tokens, torch.tensor([1, 0]).expand(50, 2))
     filtered = sb.sample(logits, temperature=1e-4, top_k=2, top_p=0.5, generator=g)
     assert filtered.tolist() == [1, 0]
+
+
+# --------------------------------------------------------------------------- min-p
+
+
+@settings(max_examples=50, deadline=None)
+@given(distinct_logits(), st.floats(0.0, 1.0))
+def test_min_p_keeps_the_tokens_above_p_times_the_largest_probability(x, p):
+    z = torch.tensor(x, dtype=torch.float64)
+    kept = torch.isfinite(sb.min_p_filter(z, p))
+    probs = torch.softmax(z, -1)
+    ratio = probs / probs.max()
+    # exactly the tokens with pi_i >= p * pi_max, away from the boundary
+    clear = (ratio - p).abs() > 1e-9
+    assert torch.equal(kept[clear], (ratio >= p)[clear])
+    assert kept[z.argmax()]  # the most probable token always survives
+
+
+def test_min_p_hand_example_and_confidence_scaling():
+    # probabilities .5 .3 .15 .05: with p = 0.2 the threshold is 0.1
+    z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.isfinite(sb.min_p_filter(z, 0.2)).tolist() == [True] * 3 + [False]
+    assert torch.equal(sb.min_p_filter(z, 0.0), z)
+    assert torch.isfinite(sb.min_p_filter(z, 1.0)).tolist() == [True] + [False] * 3
+    # the same p keeps few tokens of a peaked row and many of a flat one
+    ranks = torch.arange(1, 51, dtype=torch.float64)
+    peaked = torch.isfinite(sb.min_p_filter(-2.0 * torch.log(ranks), 0.1)).sum()
+    flat = torch.isfinite(sb.min_p_filter(-0.5 * torch.log(ranks), 0.1)).sum()
+    assert int(peaked) == 3 and int(flat) == 50  # r^-2 >= 0.1: r <= 3.16; r^-0.5: all
+
+
+def test_min_p_inf_nan_ties_batches_and_dtypes():
+    z = torch.tensor([[NEG_INF, 1.0, 1.0, -5.0], [0.0, float("nan"), -9.0, NEG_INF]])
+    out = sb.min_p_filter(z, 0.5)
+    assert out[0].tolist() == [NEG_INF, 1.0, 1.0, NEG_INF]  # ties kept by value
+    assert math.isnan(float(out[1, 1])) and out[1, 3] == NEG_INF
+    rows = torch.randn(3, 4, 20)
+    batched = sb.min_p_filter(rows, 0.1)
+    for i in range(3):
+        for j in range(4):
+            assert torch.equal(batched[i, j], sb.min_p_filter(rows[i, j], 0.1))
+    for dtype in (torch.float16, torch.bfloat16):
+        low = sb.min_p_filter(rows.to(dtype), 0.1)
+        assert low.dtype == dtype and low.shape == rows.shape
+    assert sb.min_p_filter(torch.empty(2, 0), 0.1).shape == (2, 0)
+    assert torch.equal(sb.min_p_filter(rows, 0.1), sb.min_p_filter(rows, 0.1))
+
+
+def test_sample_with_min_p_draws_only_survivors_in_the_right_proportions():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    n = 40_000
+    tokens = sb.sample(logits.expand(n, -1), min_p=0.2,
+                       generator=torch.Generator().manual_seed(11))  # fmt: skip
+    freq = torch.bincount(tokens, minlength=4).double() / n
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.0], dtype=torch.float64) / 0.95
+    se = torch.sqrt(expected * (1 - expected) / n)
+    assert torch.all((freq - expected).abs() <= 4.5 * se + 1e-12)
+    # temperature first: at T = 2 the same min_p keeps all four tokens
+    hot = sb.sample(logits.expand(n, -1), temperature=2.0, min_p=0.2,
+                    generator=torch.Generator().manual_seed(12))  # fmt: skip
+    assert int(hot.max()) == 3
+
+
+def test_min_p_errors():
+    x = torch.randn(3, 5)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        sb.min_p_filter(x, 1.5)
+    with pytest.raises(ValueError, match="p must be a finite number >= 0"):
+        sb.min_p_filter(x, -0.1)
+    with pytest.raises(TypeError, match="p must be a real number"):
+        sb.min_p_filter(x, "0.1")
+    with pytest.raises(TypeError, match="floating-point"):
+        sb.min_p_filter(x.long(), 0.1)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        sb.min_p_filter(torch.tensor(1.0), 0.1)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        sb.sample(x, min_p=2.0)

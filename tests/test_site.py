@@ -254,7 +254,7 @@ async ([lineLength, checkColumns]) => {
   const name = el => el.tagName.toLowerCase()
       + (el.classList.length ? "." + el.classList[0] : "");
   const sticksOut = [], scrolling = [], wrapped = [], narrow = [], mathFixed = [];
-  const mayScroll = "pre, div.math, mjx-container, table, div.highlight";
+  const mayScroll = "pre, div.math, span.math, mjx-container, table, div.highlight";
   for (const el of article.querySelectorAll("*")) {
     const box = el.getBoundingClientRect();
     if (box.width === 0 || getComputedStyle(el).visibility === "hidden") continue;
@@ -266,7 +266,9 @@ async ([lineLength, checkColumns]) => {
           + `edge: ${describe(el)}`);
     }
     // Only code, outputs, formulas and tables may scroll sideways.
-    if (scrollsX(el) && el.scrollWidth > el.clientWidth + 1 && !el.matches(mayScroll)) {
+    const scrolls = el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1
+        && !el.matches(mayScroll) && !el.closest("mjx-container");
+    if (scrollsX(el) && scrolls) {
       scrolling.push(`${name(el)} scrolls sideways: ${describe(el)}`);
     }
   }

@@ -19,19 +19,21 @@ def test_time_call_measures_the_call_not_the_warmup():
         time.sleep(seconds)
 
     elapsed = sb.time_call(work, 0.02, repeats=3, warmup=2)
-    assert len(calls) == 5
+    assert len(calls) == 2 + 1 + 3  # warm-up, the estimate of one call, the runs
     assert 0.015 < elapsed < 0.5  # a 20 ms sleep, on any machine
 
 
 def test_time_call_statistics():
-    durations = iter([0.0, 0.03, 0.01, 0.05])  # warm-up, then three timed calls
-    fast = sb.time_call(lambda: time.sleep(next(durations)), repeats=3, statistic="min")
+    durations = iter([0.0, 0.03, 0.03, 0.01, 0.05])  # warm-up, estimate, three runs
+    fast = sb.time_call(
+        lambda: time.sleep(next(durations)), repeats=3, statistic="min", min_seconds=0
+    )
     assert 0.005 < fast < 0.025
 
 
 def test_time_call_passes_arguments():
     seen = {}
-    sb.time_call(lambda a, b: seen.update(a=a, b=b), 1, 2, repeats=1, warmup=0)
+    sb.time_call(lambda a, b: seen.update(a=a, b=b), 1, 2, repeats=1, min_seconds=0)
     assert seen == {"a": 1, "b": 2}
 
 
@@ -43,11 +45,30 @@ def test_time_call_passes_arguments():
         ({"warmup": -1}, ValueError, "warmup"),
         ({"warmup": True}, TypeError, "warmup"),
         ({"statistic": "mean"}, ValueError, "statistic"),
+        ({"threads": 0}, ValueError, "threads"),
+        ({"min_seconds": -1.0}, ValueError, "min_seconds"),
+        ({"min_seconds": "1"}, TypeError, "min_seconds"),
     ],
 )
 def test_time_call_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         sb.time_call(lambda: None, **kwargs)
+
+
+def test_time_call_repeats_fast_calls_within_a_run():
+    calls = []
+    per_call = sb.time_call(
+        lambda: calls.append(1), repeats=2, warmup=0, min_seconds=0.005
+    )
+    assert len(calls) > 100  # each run lasted about 5 ms of tiny calls
+    assert per_call < 1e-4
+
+
+def test_time_call_sets_and_restores_threads():
+    before = torch.get_num_threads()
+    seen = []
+    sb.time_call(lambda: seen.append(torch.get_num_threads()), threads=1, min_seconds=0)
+    assert set(seen) == {1} and torch.get_num_threads() == before
 
 
 def test_time_call_needs_a_callable():

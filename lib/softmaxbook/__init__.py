@@ -12,20 +12,26 @@ Every public name below is listed in the ``__all__`` of its module; this
 package re-exports them all, so ``sb.<name>`` works for each.
 """
 
+import importlib as _importlib
+import typing as _typing
+
 from . import (
     alternatives,
     analysis,
     attention,
-    checks,
+    capping,
     decode,
     device,
     flash,
+    flex,
     gradients,
     kernels,
+    losses,
     masking,
     models,
     notebook,
     online,
+    patterns,
     plotting,
     reference,
     ring,
@@ -36,20 +42,27 @@ from . import softmax as _softmax_module
 from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
+from .capping import *  # noqa: F403
 from .decode import *  # noqa: F403
 from .device import *  # noqa: F403
 from .flash import *  # noqa: F403
+from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
+from .losses import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
 from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
+from .patterns import *  # noqa: F403
 from .plotting import *  # noqa: F403
 from .ring import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .softmax import *  # noqa: F403
 from .timing import *  # noqa: F403
+
+if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
+    from . import checks
 
 __version__ = "0.1.0"
 
@@ -60,13 +73,17 @@ __version__ = "0.1.0"
 __all__ = [
     *_softmax_module.__all__,
     *masking.__all__,
+    *patterns.__all__,
     *attention.__all__,
+    *flex.__all__,
     *online.__all__,
     *flash.__all__,
     *decode.__all__,
     *ring.__all__,
     *gradients.__all__,
     *alternatives.__all__,
+    *capping.__all__,
+    *losses.__all__,
     *sampling.__all__,
     *analysis.__all__,
     *models.__all__,
@@ -80,3 +97,18 @@ __all__ = [
     "checks",
     "__version__",
 ]
+
+# softmaxbook.checks, the checkers of students' code, is imported on first use
+# (sb.checks, from softmaxbook import checks): it is a third of the library's
+# source, and a script that trains or plots never needs it.
+_LAZY = {"checks"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)

@@ -9,6 +9,7 @@ number in a benchmark are measured the same way.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -30,14 +31,19 @@ def time_call(
     repeats: int = 5,
     warmup: int = 1,
     statistic: str = "median",
+    threads: int | None = None,
+    min_seconds: float = 0.01,
 ) -> float:
     r"""Seconds per call of ``fn(*args)``: the median (or minimum) of ``repeats`` runs.
 
     ``warmup`` calls run first and are not counted (first calls pay for
-    caches, allocations, compilation). When CUDA is available the device is
-    synchronized before and after each call, so the time is the GPU's work,
-    not the launch of it. The minimum estimates the cost without
-    interference; the median what a caller sees on a busy machine.
+    caches, allocations, compilation). A call faster than ``min_seconds`` is
+    repeated within each run until the run lasts about that long, and the run
+    is divided by the count (as :mod:`timeit` does), so that the clock's
+    resolution does not dominate. When CUDA is available the device is
+    synchronized around each run, so the time is the GPU's work, not the
+    launch of it. The minimum estimates the cost without interference (other
+    processes only ever add time); the median, what a caller sees.
 
     Parameters
     ----------
@@ -46,11 +52,16 @@ def time_call(
     *args
         Passed to ``fn``.
     repeats : int
-        Timed calls, ``>= 1``.
+        Timed runs, ``>= 1``.
     warmup : int
         Untimed calls before them, ``>= 0``.
     statistic : {"median", "min"}
-        How the ``repeats`` times are summarized.
+        How the ``repeats`` runs are summarized.
+    threads : int, optional
+        Run with this many torch threads (restored afterwards); one thread is
+        far less disturbed by a busy machine.
+    min_seconds : float
+        The shortest run; ``0`` times exactly one call per run.
 
     Returns
     -------
@@ -62,36 +73,61 @@ def time_call(
     TypeError
         If ``fn`` is not callable or a count is not an int.
     ValueError
-        If ``repeats < 1``, ``warmup < 0`` or ``statistic`` is unknown.
+        If ``repeats < 1``, ``warmup < 0``, ``threads < 1``,
+        ``min_seconds < 0`` or ``statistic`` is unknown.
 
     Examples
     --------
     >>> import torch, softmaxbook as sb
     >>> x = torch.randn(256, 1024)
-    >>> seconds = sb.time_call(torch.softmax, x, -1, repeats=3)
+    >>> seconds = sb.time_call(torch.softmax, x, -1, statistic="min", threads=1)
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     repeats = check_positive_int(repeats, "repeats")
-    if isinstance(warmup, bool) or not isinstance(warmup, int):
-        raise TypeError(f"warmup must be an int, got {type(warmup).__name__}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    _check_count(warmup, "warmup")
     if statistic not in _STATISTICS:
         raise ValueError(
             f"statistic={statistic!r} is unknown; expected 'median' or 'min'"
         )
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(warmup):
-        fn(*args)
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn(*args)
-        sync()
-        times.append(time.perf_counter() - start)
+    if threads is not None:
+        threads = check_positive_int(threads, "threads")
+    if isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float)):
+        raise TypeError(
+            f"min_seconds must be a number, got {type(min_seconds).__name__}"
+        )
+    if not min_seconds >= 0:
+        raise ValueError(f"min_seconds must be >= 0, got {min_seconds}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        for _ in range(warmup):
+            fn(*args)
+        number = max(1, math.ceil(min_seconds / max(_run(fn, args, 1), 1e-9)))
+        times = [_run(fn, args, number) / number for _ in range(repeats)]
+    finally:
+        torch.set_num_threads(before)
     return _STATISTICS[statistic](times)
+
+
+def _run(fn: Callable[..., object], args: tuple, number: int) -> float:
+    """Seconds for ``number`` back-to-back calls, the GPU synchronized around them."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(number):
+        fn(*args)
+    sync()
+    return time.perf_counter() - start
+
+
+def _check_count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
 
 
 def machine_info() -> str:

@@ -3,8 +3,9 @@ r"""Decoding from logits, and how much to trust the probabilities a softmax give
 Two halves, both about the *output* softmax of a model rather than the one
 inside attention:
 
-* **Decoding.** :func:`top_k_filter` and :func:`top_p_filter` remove unlikely
-  tokens by setting their logits to ``-inf``; :func:`sample` draws token
+* **Decoding.** :func:`top_k_filter`, :func:`top_p_filter` and
+  :func:`min_p_filter` remove unlikely tokens by setting their logits to
+  ``-inf``; :func:`sample` draws token
   indices after a temperature and those filters, reproducibly with a
   ``torch.Generator``. Greedy decoding is ``logits.argmax(-1)`` and needs no
   softmax at all: softmax is strictly increasing in each logit, so it never
@@ -15,8 +16,9 @@ inside attention:
   single temperature of *temperature scaling* on held-out data.
 
 Throughout, ``-inf`` in a logit means "removed": such a token gets
-probability 0 and is never sampled. The halves are the modules
-``softmaxbook.sampling.decoding`` and ``softmaxbook.sampling.calibration``;
+probability 0 and is never sampled. The modules are
+``softmaxbook.sampling.decoding``, ``softmaxbook.sampling.speculative`` and
+``softmaxbook.sampling.calibration``;
 every name is re-exported here and as ``softmaxbook.<name>``.
 """
 
@@ -26,12 +28,16 @@ from .calibration import (
     fit_temperature,
     reliability_table,
 )
-from .decoding import sample, top_k_filter, top_p_filter
+from .decoding import min_p_filter, sample, top_k_filter, top_p_filter
+from .speculative import SpeculativeResult, speculative_accept
 
 __all__ = [
     "top_k_filter",
     "top_p_filter",
+    "min_p_filter",
     "sample",
+    "SpeculativeResult",
+    "speculative_accept",
     "ReliabilityTable",
     "reliability_table",
     "expected_calibration_error",

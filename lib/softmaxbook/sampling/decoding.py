@@ -1,8 +1,9 @@
-r"""Decoding from logits: temperature, top-k and top-p (nucleus) filters, sampling.
+r"""Decoding from logits: temperature, top-k, top-p, min-p filters, and sampling.
 
-:func:`top_k_filter` and :func:`top_p_filter` remove unlikely tokens by
-setting their logits to ``-inf``; :func:`sample` draws token indices after a
-temperature and those filters, reproducibly with a ``torch.Generator``.
+:func:`top_k_filter`, :func:`top_p_filter` and :func:`min_p_filter` remove
+unlikely tokens by setting their logits to ``-inf``; :func:`sample` draws token
+indices after a temperature and those filters, reproducibly with a
+``torch.Generator``.
 Greedy decoding is ``logits.argmax(-1)`` and needs no softmax at all: softmax
 is strictly increasing in each logit, so it never changes which entry is
 largest. ``-inf`` in a logit means "removed": such a token gets probability 0
@@ -11,12 +12,19 @@ and is never sampled.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from .._checks import check_float, check_positive, check_positive_int
+from .._checks import (
+    check_float,
+    check_nonnegative,
+    check_positive,
+    check_positive_int,
+)
 
-__all__ = ["top_k_filter", "top_p_filter", "sample"]
+__all__ = ["top_k_filter", "top_p_filter", "min_p_filter", "sample"]
 
 
 def _check_logits(logits, name: str = "logits") -> Tensor:
@@ -139,19 +147,73 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     if p == 1.0 or logits.shape[-1] == 0:
         return logits.clone()
     acc = torch.float32 if logits.device.type == "mps" else torch.float64
-    sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # (..., V)
-    probs = torch.softmax(sorted_logits.to(acc), dim=-1)
-    mass_before = (
-        torch.cumsum(probs, dim=-1) - probs
-    )  # mass of the strictly more probable tokens
-    # A token belongs to the nucleus while the mass above it is still short of p;
+    sorted_logits = torch.sort(logits, dim=-1, descending=True).values
+    probs = torch.softmax(sorted_logits.to(acc), dim=-1)  # (..., V), decreasing
+    # The mass of the strictly more probable tokens:
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    # A token is in the nucleus while the mass above it is still short of p;
     # position 0 has mass_before = 0 < p, so the argmax is always in.
     in_nucleus = mass_before < p
     n_kept = in_nucleus.sum(dim=-1, keepdim=True).clamp_min(1)  # (..., 1)
-    threshold = torch.gather(
-        sorted_logits, -1, n_kept - 1
-    )  # smallest kept logit, (..., 1)
+    # The smallest kept logit, (..., 1):
+    threshold = torch.gather(sorted_logits, -1, n_kept - 1)
     return _keep_at_least(logits, threshold)
+
+
+def min_p_filter(logits: Tensor, p: float) -> Tensor:
+    r"""Min-p filter: keep the tokens at least ``p`` times as probable as the most
+    probable one, :math:`\pi_i \ge p \, \pi_{\max}`.
+
+    The threshold scales with the model's confidence (Nguyen et al., 2025):
+    when one token dominates, few others reach :math:`p\,\pi_{\max}`; when
+    the distribution is flat, many do. Since
+    :math:`\pi_i / \pi_{\max} = e^{z_i - z_{\max}}`, the rule needs no
+    softmax: a token survives when :math:`z_i \ge z_{\max} + \log p`. The
+    most probable token is always kept, ``p = 0`` keeps every token and
+    ``p = 1`` only the most probable ones (ties by value, as in
+    :func:`top_k_filter`). Like top-p, the kept set depends on a temperature
+    applied before the filter. The threshold is computed in float64 (float32
+    on Apple MPS). Entries already ``-inf`` stay ``-inf``; ``nan`` entries
+    stay ``nan``.
+
+    Shapes: ``logits`` is ``(..., V)``; the result has the same shape, dtype
+    and device.
+
+    Equivalent to
+    ``logits.masked_fill(softmax(logits) < p * softmax(logits).amax(-1,
+    keepdim=True), -inf)``, up to rounding at the boundary.
+
+    Parameters
+    ----------
+    logits : Tensor
+        Floating-point scores of shape ``(..., V)``, filtered along the last
+        dimension.
+    p : float
+        The base probability :math:`p \in [0, 1]` (0.05 to 0.1 are common).
+
+    Returns
+    -------
+    Tensor
+        A new tensor; the input is not modified.
+
+    Raises
+    ------
+    TypeError
+        If ``logits`` is not a floating-point tensor or ``p`` is not a real number.
+    ValueError
+        If ``p`` is not in :math:`[0, 1]` or ``logits`` is 0-dimensional.
+    """
+    _check_logits(logits)
+    p = check_nonnegative(p, "p")
+    if p > 1.0:
+        raise ValueError(f"p must be in [0, 1], got {p}")
+    if p == 0.0 or logits.shape[-1] == 0:
+        return logits.clone()
+    acc = torch.float32 if logits.device.type == "mps" else torch.float64
+    z = logits.to(acc)
+    threshold = z.amax(dim=-1, keepdim=True) + math.log(p)  # (..., 1)
+    keep = (z >= threshold) | torch.isnan(logits)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def sample(
@@ -160,6 +222,7 @@ def sample(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     r"""Draw one token per row from :math:`\mathrm{softmax}(\mathrm{filter}(z / T))`.
@@ -167,9 +230,10 @@ def sample(
     The steps, in the order most libraries use: upcast the logits to at
     least float32 (so that a small temperature cannot overflow float16),
     divide them by the temperature :math:`T`, apply :func:`top_k_filter` (if
-    ``top_k`` is given), then :func:`top_p_filter` (if ``top_p`` is given) on
-    the tempered logits, take the softmax, and draw with
-    :func:`torch.multinomial`.
+    ``top_k`` is given), then :func:`top_p_filter` (if ``top_p`` is given),
+    then :func:`min_p_filter` (if ``min_p`` is given) on the tempered logits,
+    take the softmax, and draw with :func:`torch.multinomial`. This is the
+    order of Hugging Face ``transformers``' samplers.
 
     The same ``generator`` state gives the same tokens: seed a
     ``torch.Generator`` (on the logits' device) with ``manual_seed`` to make
@@ -193,6 +257,9 @@ def sample(
         If given, sample only among the ``top_k`` most likely tokens.
     top_p : float, optional
         If given, sample only from the nucleus of mass ``top_p`` in :math:`(0, 1]`.
+    min_p : float, optional
+        If given, sample only tokens at least ``min_p`` times as probable as
+        the most probable one, ``min_p`` in :math:`[0, 1]`.
     generator : torch.Generator, optional
         The source of randomness; the global generator when ``None``.
 
@@ -207,7 +274,8 @@ def sample(
         If ``logits`` is not a floating-point tensor, or an option has the wrong type.
     ValueError
         If ``temperature <= 0``, ``top_k < 1``, ``top_p`` is outside :math:`(0, 1]`,
-        ``V = 0``, or a row has no finite logit or contains ``nan``.
+        ``min_p`` outside :math:`[0, 1]`, ``V = 0``, or a row has no finite
+        logit or contains ``nan``.
     """
     _check_logits(logits)
     if (
@@ -237,6 +305,8 @@ def sample(
         z = top_k_filter(z, top_k)
     if top_p is not None:
         z = top_p_filter(z, top_p)
+    if min_p is not None:
+        z = min_p_filter(z, min_p)
     rows = z.reshape(-1, V)  # (N, V)
     if rows.shape[0] == 0:
         return torch.empty(batch_shape, dtype=torch.long, device=logits.device)

@@ -1,0 +1,93 @@
+"""softmaxbook: the library of the executable textbook *Softmax in Attention*.
+
+Softmax and its relatives for transformer attention, written to be read:
+NumPy references that read like the math (:mod:`softmaxbook.reference`), torch
+functions that run on CPU, CUDA and Apple MPS, and figure helpers for the book.
+
+>>> import torch, softmaxbook as sb
+>>> sb.softmax(torch.tensor([1.0, 0.5, 2.5, -0.1]))
+tensor([0.1557, 0.0945, 0.6980, 0.0518])
+
+Every public name below is listed in the ``__all__`` of its module; this
+package re-exports them all, so ``sb.<name>`` works for each.
+"""
+
+import importlib as _importlib
+import typing as _typing
+
+from . import (
+    alternatives,
+    analysis,
+    attention,
+    device,
+    gradients,
+    kernels,
+    masking,
+    models,
+    notebook,
+    online,
+    plotting,
+    reference,
+    sampling,
+    timing,
+)
+from . import softmax as _softmax_module
+from .alternatives import *  # noqa: F403
+from .analysis import *  # noqa: F403
+from .attention import *  # noqa: F403
+from .device import *  # noqa: F403
+from .gradients import *  # noqa: F403
+from .kernels.dispatch import *  # noqa: F403
+from .masking import *  # noqa: F403
+from .models import *  # noqa: F403
+from .notebook import *  # noqa: F403
+from .online import *  # noqa: F403
+from .plotting import *  # noqa: F403
+from .sampling import *  # noqa: F403
+from .softmax import *  # noqa: F403
+from .timing import *  # noqa: F403
+
+if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
+    from . import checks
+
+__version__ = "0.1.0"
+
+#: The public API, by module. ``reference``, ``kernels`` and ``checks`` stay
+#: modules (``sb.reference.softmax``, ``sb.kernels.triton_softmax``,
+#: ``sb.checks.check_softmax``); of ``kernels``, the dispatch report is also
+#: here (``sb.explain_dispatch``).
+__all__ = [
+    *_softmax_module.__all__,
+    *masking.__all__,
+    *attention.__all__,
+    *online.__all__,
+    *gradients.__all__,
+    *alternatives.__all__,
+    *sampling.__all__,
+    *analysis.__all__,
+    *models.__all__,
+    *device.__all__,
+    *kernels.dispatch.__all__,
+    *notebook.__all__,
+    *plotting.__all__,
+    *timing.__all__,
+    "reference",
+    "kernels",
+    "checks",
+    "__version__",
+]
+
+# softmaxbook.checks, the checkers of students' code, is imported on first use
+# (sb.checks, from softmaxbook import checks): it is a third of the library's
+# source, and a script that trains or plots never needs it.
+_LAZY = {"checks"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)

@@ -1,0 +1,275 @@
+"""Argument checks shared by the library: one clear error per kind of bad input.
+
+Every public function validates its arguments with these helpers, so that bad
+input fails at the call with a message that names the argument, instead of
+deep inside torch or, worse, as a silent ``nan``. The checks that several
+modules share live here once: a tensor, a dimension, a positive number, a
+boolean mask (True = may attend), the ``q, k, v`` of attention with its
+``mask`` / ``is_causal`` / ``scale``; and :func:`zero_empty_rows`, the one
+guard that keeps a row with nothing to attend from turning into ``nan``;
+and :func:`check_installed`, the one message for a missing optional package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable
+from numbers import Real
+
+import torch
+from torch import Tensor
+
+
+def check_tensor(x, name: str = "x") -> Tensor:
+    """Raise ``TypeError`` unless ``x`` is a ``torch.Tensor``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_float(x, name: str = "x") -> Tensor:
+    """Raise ``TypeError`` unless ``x`` is a floating-point tensor."""
+    check_tensor(x, name)
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor, got dtype {x.dtype}; "
+            f"convert it first, e.g. {name}.float()"
+        )
+    return x
+
+
+def check_dim(x: Tensor, dim: int, name: str = "dim") -> int:
+    """Return ``dim`` as a non-negative index; ``IndexError`` when out of range.
+
+    A 0-d tensor counts as one row of one entry: ``dim`` may be 0 or -1.
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    ndim = max(x.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(
+            f"{name}={dim} is out of range for a tensor with {x.dim()} dimension(s); "
+            f"expected {-ndim} <= {name} < {ndim}"
+        )
+    return dim % ndim
+
+
+def check_real(value, name: str) -> float:
+    """Raise unless ``value`` is a finite real number (not a bool, not ``nan``)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def check_positive(value, name: str) -> float:
+    """Raise unless ``value`` is a finite real number > 0 (a temperature, a scale)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return float(value)
+
+
+def check_nonnegative(value, name: str) -> float:
+    """Raise unless ``value`` is a finite real number >= 0 (a threshold, a decay)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return float(value)
+
+
+def check_positive_int(value, name: str) -> int:
+    """Raise unless ``value`` is an int >= 1 (a block size, a count)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def check_nonnegative_int(value, name: str) -> int:
+    """Raise unless ``value`` is an int >= 0 (a number of warm-up steps)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# Masks and attention arguments
+# --------------------------------------------------------------------------------------
+
+
+def check_mask(mask, scores: Tensor, name: str = "mask") -> Tensor:
+    """Check that ``mask`` is a boolean tensor that broadcasts to ``scores``.
+
+    Returns ``mask`` expanded to the shape of ``scores``: a view, no copy.
+
+    Raises
+    ------
+    TypeError
+        If ``mask`` is not a tensor or not boolean.
+    ValueError
+        If ``mask`` does not broadcast to the shape of ``scores``, or lives on
+        another device.
+    """
+    check_tensor(mask, name)
+    if mask.dtype != torch.bool:
+        hint = (
+            "for a 0/-inf additive mask use (additive == 0)"
+            if mask.is_floating_point()
+            else "for a 0/1 mask use .bool()"
+        )
+        raise TypeError(
+            f"{name} must be a boolean tensor (True = may attend), got dtype "
+            f"{mask.dtype}; {hint}"
+        )
+    try:
+        shape = torch.broadcast_shapes(mask.shape, scores.shape)
+    except RuntimeError:
+        shape = None
+    if shape != scores.shape:
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' "
+            f"shape {tuple(scores.shape)}"
+        )
+    if mask.device != scores.device:
+        raise ValueError(
+            f"{name} is on {mask.device} but the scores are on {scores.device}; "
+            f"move it with {name}.to(scores.device)"
+        )
+    return mask.expand(scores.shape)
+
+
+def check_qkv(q, k, v) -> tuple[int, ...]:
+    """Check the queries, keys and values of attention; return their batch shape.
+
+    ``q`` is ``(..., L, D)``, ``k`` is ``(..., S, D)`` and ``v`` is
+    ``(..., S, Dv)``: one floating dtype, one device, batch dimensions that
+    broadcast.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(t, name)
+        if t.dim() < 2:
+            raise ValueError(
+                f"{name} must have at least 2 dimensions (..., length, dim), "
+                f"got shape {tuple(t.shape)}"
+            )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            "q and k must have the same last dimension D, got "
+            f"q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            "k and v must have the same length S (dimension -2), got "
+            f"k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    try:
+        return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
+            f"v {tuple(v.shape)} do not broadcast"
+        ) from None
+
+
+def check_attention_args(q, k, v, mask, is_causal, scale):
+    """Check the arguments every attention function takes.
+
+    Returns ``(batch, scale, keep)``: the broadcast batch shape, the scale
+    (``1/sqrt(D)`` by default) and the mask expanded to ``batch + (L, S)``
+    (a view, no copy), or None without a mask.
+    """
+    batch = check_qkv(q, k, v)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if mask is not None and is_causal:
+        raise ValueError(
+            "pass either mask or is_causal=True, not both "
+            "(combine them yourself: mask & causal_mask(L, S))"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    else:
+        scale = check_positive(scale, "scale")
+    keep = None
+    if mask is not None:
+        # A scalar expanded to the scores' shape stands in for them, unallocated.
+        L, S = q.shape[-2], k.shape[-2]
+        scores = torch.empty((), device=q.device).expand(batch + (L, S))
+        keep = check_mask(mask, scores)
+    return batch, scale, keep
+
+
+# --------------------------------------------------------------------------------------
+# Rows with nothing to attend
+# --------------------------------------------------------------------------------------
+
+
+def zero_empty_rows(
+    normalize: Callable[[Tensor], Tensor], scores: Tensor, dim: int
+) -> Tensor:
+    """``normalize(scores)``, with zeros for the rows whose scores are all ``-inf``.
+
+    Such a row (a query with nothing to attend) would give ``exp(-inf - -inf)
+    = nan`` in a softmax. It is replaced by zeros *before* ``normalize``, a
+    finite stand-in that keeps ``nan`` out of the forward and the backward
+    pass, and its output is zeroed *after*, so its weights and their gradient
+    are exactly 0.
+    """
+    empty = torch.isneginf(scores).all(dim=dim, keepdim=True)  # (..., 1, ...)
+    return normalize(scores.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
+
+
+# --------------------------------------------------------------------------------------
+# Optional packages
+# --------------------------------------------------------------------------------------
+
+#: The optional packages the chapters use, and the extra of softmaxbook that
+#: installs each (``pip install "softmaxbook[book]"``).
+OPTIONAL_PACKAGES = {"entmax": "book", "tqdm": "book", "triton": "book"}
+
+
+def check_installed(packages, needed_by: str) -> None:
+    """Raise ``ImportError`` naming every missing package and the line that installs it.
+
+    ``packages`` are import names (``"entmax"``); they are looked up, not
+    imported, so the check is cheap and has no side effect.
+    """
+    if isinstance(packages, str):
+        packages = (packages,)
+    if not all(isinstance(name, str) and name for name in packages):
+        raise TypeError(
+            f"packages must be names of packages, e.g. ('entmax',), got {packages!r}"
+        )
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    extras = sorted(
+        {OPTIONAL_PACKAGES[name] for name in missing if name in OPTIONAL_PACKAGES}
+    )
+    others = [name for name in missing if name not in OPTIONAL_PACKAGES]
+    commands = [f'pip install "softmaxbook[{",".join(extras)}]"'] if extras else []
+    commands += [f"pip install {' '.join(others)}"] if others else []
+    message = (
+        f"{needed_by} needs {' and '.join(missing)}, which "
+        f"{'is' if len(missing) == 1 else 'are'} not installed; install "
+        f"{'it' if len(missing) == 1 else 'them'} with: {' && '.join(commands)}"
+    )
+    if "triton" in missing:
+        message += " (Triton is built for Linux; elsewhere, read this on the website)"
+    raise ImportError(message, name=missing[0])

@@ -1,0 +1,218 @@
+r"""Diagnostics of attention distributions: how spread out, how far they look.
+
+These read attention weights (rows that sum to one, or to zero for a fully
+masked row) and summarize them, for example per head, to detect collapse:
+
+- :func:`entropy` of one distribution, with :math:`0 \log 0 = 0`;
+- :func:`attention_entropy`, the mean entropy of the rows of attention maps;
+- :func:`attention_distance`, how far back (or ahead) the queries look;
+- :func:`attention_sparsity`, the fraction of exact zeros among the allowed keys.
+
+The map functions take weights ``(..., L, S)`` (for a model, e.g.
+``(B, layers, H, L, S)``) and return one number per map, ``(...)``. A row of
+zeros (a query with nothing to attend to) is left out of every average; a map
+with no such row at all gives 0, never ``nan``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_dim, check_float, check_mask, check_nonnegative
+
+__all__ = ["entropy", "attention_entropy", "attention_distance", "attention_sparsity"]
+
+
+def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
+    r"""Shannon entropy in nats: :math:`H(p) = -\sum_i p_i \log p_i`, with
+    :math:`0 \log 0 = 0`.
+
+    :math:`H = 0` for a one-hot row (all attention on one key, *collapse*) and
+    :math:`H = \log N` for the uniform row over :math:`N` keys. The convention
+    :math:`0 \log 0 = 0` (the limit) makes exact zeros, from masks or
+    sparsemax, contribute nothing, in the value and in the gradient, with no
+    ``1e-12`` fudge that would bias the result.
+
+    Shapes: ``p`` is ``(..., N)``; the result is ``(...)``, or ``(..., 1)``
+    with ``keepdim=True``.
+    """
+    check_float(p, "p")
+    dim = check_dim(p, dim)
+    positive = p > 0
+    # where() on both sides keeps the gradient of the zero entries finite (0, not nan).
+    plogp = torch.where(
+        positive,
+        p * torch.log(torch.where(positive, p, torch.ones_like(p))),
+        torch.zeros_like(p),
+    )
+    return -plogp.sum(dim=dim, keepdim=keepdim)
+
+
+def _check_weights(weights, name: str = "weights") -> Tensor:
+    check_float(weights, name)
+    if weights.dim() < 2:
+        raise ValueError(
+            f"{name} must have at least 2 dimensions (..., L, S), "
+            f"got shape {tuple(weights.shape)}"
+        )
+    if bool((weights < 0).any()):
+        raise ValueError(
+            f"{name} must be non-negative (attention weights), "
+            f"got a minimum of {float(weights.min())}"
+        )
+    return weights
+
+
+def _row_distributions(weights: Tensor) -> tuple[Tensor, Tensor]:
+    # Rows normalized to sum to one (a no-op for softmax and sparsemax rows;
+    # sigmoid rows do not sum to one), and which rows have any mass at all.
+    mass = weights.sum(dim=-1, keepdim=True)  # (..., L, 1)
+    live = mass > 0
+    p = weights / torch.where(live, mass, torch.ones_like(mass))
+    return p, live.squeeze(-1)  # (..., L, S), (..., L)
+
+
+def _mean_over_rows(values: Tensor, live: Tensor) -> Tensor:
+    # Mean over the live rows only; 0 (not 0/0 = nan) where no row is live.
+    total = torch.where(live, values, torch.zeros_like(values)).sum(dim=-1)
+    return total / live.sum(dim=-1).clamp(min=1).to(values.dtype)
+
+
+def attention_entropy(weights: Tensor) -> Tensor:
+    r"""Mean row entropy of attention maps:
+    :math:`\bar H = \frac{1}{|R|}\sum_{i \in R} H(a_{i\cdot})`.
+
+    :math:`H(a_{i\cdot}) = -\sum_j a_{ij} \log a_{ij}` (nats, :math:`0 \log 0 = 0`)
+    is the entropy of query :math:`i`'s attention; :math:`R` is the set of
+    rows with any weight, so a fully masked query (a row of zeros) is left
+    out instead of counting as a perfectly focused one. :math:`\bar H = 0`
+    for a map of one-hot rows (collapse); :math:`\log S` is the most a row
+    over :math:`S` keys can reach. Rows that do not sum to one (sigmoid
+    attention) are divided by their sum first, so the entropy measures how
+    the attention is *spread*, not how much there is.
+
+    Shapes: ``weights`` is ``(..., L, S)``; the result is ``(...)``, one
+    number per map (e.g. ``(B, layers, H)`` for the maps of a model).
+
+    Equivalent to ``entropy(weights).mean(-1)`` when every row sums to one.
+
+    Parameters
+    ----------
+    weights : Tensor
+        Non-negative attention weights, floating point.
+
+    Returns
+    -------
+    Tensor
+        The mean entropy of each map, in nats; 0 for a map with no live row.
+
+    Raises
+    ------
+    TypeError
+        If ``weights`` is not a floating-point tensor.
+    ValueError
+        If ``weights`` has fewer than 2 dimensions or a negative entry.
+    """
+    p, live = _row_distributions(_check_weights(weights))
+    return _mean_over_rows(entropy(p, dim=-1), live)
+
+
+def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
+    r"""Mean attention distance:
+    :math:`\bar d = \frac{1}{|R|}\sum_{i \in R} \sum_j a_{ij}\,
+    |i + \text{offset} - j|`.
+
+    How far, in positions, the queries of a map look on average: 0 for a
+    head that attends to its own position, 1 for a "previous token" head,
+    large for a head that reaches back to the start. Query :math:`i` sits
+    at position :math:`i + \text{offset}` and key :math:`j` at position
+    :math:`j`: ``offset=0`` aligns them at the top-left corner, like
+    :func:`~softmaxbook.causal_mask`; ``offset = S - L`` puts the last query
+    at the last key, as when new queries attend to a cache of keys. Rows
+    are divided by their sum (a no-op for softmax) and rows of zeros are
+    left out, as in :func:`attention_entropy`. Unlike the square
+    ``torch.abs(positions[:, None] - positions[None, :])`` often seen, it
+    works for any ``L`` and ``S``.
+
+    Shapes: ``weights`` is ``(..., L, S)``; the result is ``(...)``.
+
+    Parameters
+    ----------
+    weights : Tensor
+        Non-negative attention weights, floating point.
+    offset : int
+        The position of query 0 among the keys.
+
+    Returns
+    -------
+    Tensor
+        The mean distance of each map, in positions; 0 for a map with no
+        live row.
+
+    Raises
+    ------
+    TypeError
+        If ``weights`` is not a floating-point tensor or ``offset`` not an int.
+    ValueError
+        If ``weights`` has fewer than 2 dimensions or a negative entry.
+    """
+    _check_weights(weights)
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+    L, S = weights.shape[-2:]
+    queries = torch.arange(L, device=weights.device, dtype=weights.dtype) + offset
+    keys = torch.arange(S, device=weights.device, dtype=weights.dtype)
+    distance = (queries[:, None] - keys[None, :]).abs()  # (L, S)
+    p, live = _row_distributions(weights)
+    return _mean_over_rows((p * distance).sum(dim=-1), live)
+
+
+def attention_sparsity(
+    weights: Tensor, mask: Tensor | None = None, *, threshold: float = 0.0
+) -> Tensor:
+    r"""Fraction of zero weights among the allowed entries:
+    :math:`\frac{|\{(i,j) \in A : a_{ij} \le \tau\}|}{|A|}`.
+
+    :math:`A` holds the entries that ``mask`` allows (True = may attend), in
+    rows with any weight. Masked entries are zero under every normalizer,
+    so counting them would only measure the mask: pass the mask the model
+    used (e.g. :func:`~softmaxbook.causal_mask`) to measure what the
+    *normalizer* set to zero. Softmax gives exact zeros only by underflow;
+    sparsemax and entmax give them by design. ``threshold`` :math:`\tau > 0`
+    counts near-zeros too.
+
+    Shapes: ``weights`` is ``(..., L, S)``, ``mask`` broadcasts to it; the
+    result is ``(...)``.
+
+    Parameters
+    ----------
+    weights : Tensor
+        Non-negative attention weights, floating point.
+    mask : bool Tensor, optional
+        The entries that could receive weight; default all.
+    threshold : float
+        Weights ``<= threshold`` count as zero.
+
+    Returns
+    -------
+    Tensor
+        A fraction in :math:`[0, 1]` per map; 0 for a map with no allowed
+        entry in a live row.
+
+    Raises
+    ------
+    TypeError
+        If ``weights`` is not a floating-point tensor, ``mask`` not boolean,
+        or ``threshold`` not a real number.
+    ValueError
+        If ``weights`` has fewer than 2 dimensions or a negative entry, ``mask``
+        does not broadcast, or ``threshold`` is negative or not finite.
+    """
+    _check_weights(weights)
+    threshold = check_nonnegative(threshold, "threshold")
+    live = (weights.sum(dim=-1, keepdim=True) > 0).expand(weights.shape)  # (..., L, S)
+    allowed = live if mask is None else check_mask(mask, weights) & live
+    zeros = (weights <= threshold) & allowed
+    n_allowed = allowed.sum(dim=(-2, -1)).clamp(min=1)
+    return zeros.sum(dim=(-2, -1)).to(weights.dtype) / n_allowed.to(weights.dtype)

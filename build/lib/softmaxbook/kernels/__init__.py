@@ -1,0 +1,252 @@
+r"""Triton kernels behind the library's functions: a fused row softmax and
+FlashAttention.
+
+On a CUDA device with Triton installed, :func:`fused_softmax` and
+:func:`~softmaxbook.flash_attention` run these kernels; everywhere else they run
+the torch code (:func:`~softmaxbook.explain_dispatch` reports which, and why).
+Triton is imported only when a kernel is first launched, so the library
+imports and works without it.
+
+Without a GPU the kernels still run, slowly, in Triton's interpreter, which
+executes each program instance in NumPy on the CPU. That is how the tests check
+them on a CPU-only machine, and how a reader steps through them. The
+interpreter must be chosen before Triton is first imported in the process:
+set the environment variable ``TRITON_INTERPRET=1`` before starting Python, or
+call :func:`enable_interpreter` before anything imports ``triton``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .._checks import check_attention_args, check_dim, check_float
+from . import dispatch
+from .dispatch import (
+    INTERPRETER_ENV_VAR,
+    DispatchDecision,
+    explain_dispatch,
+    interpreter_enabled,
+    triton_available,
+)
+
+__all__ = [
+    "fused_softmax",
+    "triton_softmax",
+    "triton_flash_attention",
+    "enable_interpreter",
+    "interpreter_enabled",
+    "triton_available",
+    "explain_dispatch",
+    "DispatchDecision",
+    "kernel_source",
+]
+
+
+def enable_interpreter() -> bool:
+    """Make Triton run kernels in its interpreter, on CPU tensors; return True.
+
+    Sets ``TRITON_INTERPRET=1``. Triton reads it when it is imported (its
+    standard library of ``tl.max``, ``tl.sum`` ... is compiled then), so this
+    must happen before the first ``import triton`` in the process. Calling it
+    again, or after Triton was imported with the interpreter on, is harmless.
+
+    Raises
+    ------
+    ImportError
+        If Triton is not installed.
+    RuntimeError
+        If Triton was already imported without the interpreter.
+    """
+    if not triton_available():
+        raise ImportError(
+            "Triton is not installed; pip install triton (or softmaxbook[gpu])"
+        )
+    if "triton" in sys.modules and not interpreter_enabled():
+        raise RuntimeError(
+            "Triton was already imported without its interpreter; restart Python "
+            "and call softmaxbook.kernels.enable_interpreter() (or set "
+            "TRITON_INTERPRET=1) before "
+            "anything imports triton"
+        )
+    os.environ[INTERPRETER_ENV_VAR] = "1"
+    return True
+
+
+def _backend():
+    """Import the Triton kernels on first use, with a clear error when that cannot
+    work."""
+    if not triton_available():
+        raise ImportError(
+            "Triton is not installed; pip install triton (or softmaxbook[gpu])"
+        )
+    from . import _triton
+
+    return _triton
+
+
+def _check_runnable(t: Tensor, name: str) -> None:
+    if t.device.type == "cuda":
+        if interpreter_enabled():
+            raise RuntimeError(
+                f"{name} is on a CUDA device but TRITON_INTERPRET=1 forces Triton's "
+                "CPU interpreter; unset it to run the kernels natively"
+            )
+        return
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"{name} is on {t.device}; the Triton kernels run on CUDA devices, "
+            "or on the CPU in Triton's interpreter"
+        )
+    if not interpreter_enabled():
+        raise RuntimeError(
+            f"{name} is on the CPU, where Triton kernels run only in its "
+            "interpreter: call softmaxbook.kernels.enable_interpreter() before "
+            "anything imports triton "
+            "(or set TRITON_INTERPRET=1), or use a CUDA tensor"
+        )
+
+
+def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    r"""Softmax by the fused Triton kernel: one program per row, one read and one write.
+
+    Each program loads its whole row into registers, takes the maximum, the
+    exponentials and their sum there, and writes the normalized row: the
+    input is read from memory once and the output written once, the minimum
+    for any softmax. Computed in float32 and stored in the input's dtype.
+    Runs natively on CUDA tensors and in Triton's interpreter on CPU tensors
+    (see :func:`enable_interpreter`).
+
+    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
+
+    Equivalent to ``torch.softmax(x, dim)`` (a row of all ``-inf`` gives
+    ``nan``, as in torch).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a float16, bfloat16 or float32 tensor.
+    ValueError
+        If a row is wider than the kernel's limit, 65536 entries
+        (``SOFTMAX_KERNEL_MAX_COLS``).
+    RuntimeError
+        If ``x`` is on the CPU and the interpreter is not enabled.
+    """
+    check_float(x)
+    dim = check_dim(x, dim)
+    _check_kernel_dtype(x, "x")
+    _check_runnable(x, "x")
+    width = x.shape[dim] if x.dim() else 1
+    if width > dispatch.SOFTMAX_KERNEL_MAX_COLS:
+        raise ValueError(
+            f"x has rows of {width} entries along dim={dim}; the fused kernel holds "
+            f"a row of at most {dispatch.SOFTMAX_KERNEL_MAX_COLS} in one piece "
+            "(fused_softmax falls back to torch.softmax for wider rows)"
+        )
+    return _backend().softmax(x, dim)
+
+
+def fused_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    r"""Softmax that runs :func:`triton_softmax` where it can and ``torch.softmax``
+    elsewhere.
+
+    The dispatch of :func:`~softmaxbook.explain_dispatch` ``("softmax", x)``:
+    the Triton kernel for CUDA tensors when Triton is installed and no
+    gradient is needed, torch otherwise. Both give the same result up to
+    rounding.
+
+    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
+
+    Equivalent to ``torch.softmax(x, dim)``.
+    """
+    check_float(x)
+    dim = check_dim(x, dim)
+    if explain_dispatch("softmax", x.movedim(dim, -1)).path == "triton":
+        return _backend().softmax(x, dim)
+    return torch.softmax(x, dim=dim)
+
+
+def triton_flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""FlashAttention's forward pass as one Triton kernel.
+
+    One program computes a block of query rows: it loads the queries once,
+    streams the key and value tiles through on-chip memory with the online
+    softmax (running maximum, running sum, rescaled output accumulator) and
+    writes only the output rows and their logsumexp. The scores exist only
+    tile by tile in registers. Runs natively on CUDA tensors and in Triton's
+    interpreter on CPU tensors (see :func:`enable_interpreter`).
+
+    Shapes: as :func:`~softmaxbook.flash_attention`: ``q`` ``(..., L, D)``,
+    ``k`` ``(..., S, D)``, ``v`` ``(..., S, Dv)`` with broadcasting batch
+    dimensions; the result is ``(..., L, Dv)`` in the input dtype and the
+    logsumexp ``(..., L)`` in float32.
+
+    Equivalent to ``softmaxbook.flash_attention(q, k, v, mask=mask,
+    is_causal=is_causal, scale=scale, return_lse=return_lse)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad input, as :func:`~softmaxbook.flash_attention`; also for a
+        dtype other than float16, bfloat16, float32, for bfloat16 in Triton's
+        CPU interpreter (its ``tl.dot`` cannot multiply bfloat16), and for a
+        head dimension of q or v above ``ATTENTION_KERNEL_MAX_HEAD_DIM`` (256)
+        of ``softmaxbook.kernels.dispatch``.
+    RuntimeError
+        If the tensors are on the CPU and the interpreter is not enabled.
+    """
+    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
+    _check_kernel_dtype(q, "q")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_runnable(t, name)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        # Triton's interpreter multiplies the raw bit patterns of bfloat16 in tl.dot
+        # (not supported upstream): the output would be garbage, silently.
+        raise TypeError(
+            "q is bfloat16, which Triton's CPU interpreter cannot multiply (tl.dot "
+            "reads its raw bits); use float16 or float32 there, or a CUDA device"
+        )
+    limit = dispatch.ATTENTION_KERNEL_MAX_HEAD_DIM
+    if max(q.shape[-1], v.shape[-1]) > limit:
+        raise ValueError(
+            f"the kernel takes head dimensions up to {limit}, got q "
+            f"{tuple(q.shape)} and v {tuple(v.shape)}"
+        )
+    out, lse = _backend().flash_attention(q, k, v, batch, keep, is_causal, scale)
+    return (out, lse) if return_lse else out
+
+
+def _check_kernel_dtype(x: Tensor, name: str) -> None:
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(
+            f"{name} must be float16, bfloat16 or float32 for the Triton kernels, "
+            f"got {x.dtype}"
+        )
+
+
+def kernel_source(name: str) -> str:
+    """The Triton source of a kernel, ``"softmax"`` or ``"flash_attention"``, as text.
+
+    Read from the module file without importing Triton, so that the book can
+    show the kernels on any machine.
+    """
+    names = {"softmax": "_softmax_kernel", "flash_attention": "_flash_attention_kernel"}
+    if name not in names:
+        raise ValueError(f"name={name!r} is unknown; expected one of {sorted(names)}")
+    text = (Path(__file__).with_name("_triton.py")).read_text()
+    start = text.index(f"@triton.jit\ndef {names[name]}(")
+    end = text.find("\n\n\n", start)
+    return text[start : end if end != -1 else len(text)].rstrip() + "\n"

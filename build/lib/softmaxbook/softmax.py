@@ -1,0 +1,83 @@
+r"""Softmax, log-softmax and logsumexp in torch, each with a temperature.
+
+These are thin, checked wrappers around torch's fused kernels: the same dtype
+and device as the input, no extra copies, and a clear error for bad input.
+With ``temperature=1`` they cost exactly what ``torch.softmax`` costs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_dim, check_float, check_positive
+
+__all__ = ["softmax", "log_softmax", "logsumexp"]
+
+
+def _scaled(x: Tensor, temperature: float) -> Tensor:
+    t = check_positive(temperature, "temperature")
+    return x if t == 1.0 else x / t  # no copy in the common case
+
+
+def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
+    r"""Softmax along ``dim``:
+    :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
+
+    This is ``torch.softmax``, on every device, plus one division of ``x``
+    by ``temperature`` when it is not 1: the same kernel, the same cost. It
+    never switches to another implementation; the fused Triton softmax is
+    opt-in, as :func:`softmaxbook.kernels.fused_softmax`. Stable for any
+    finite input: the kernel subtracts the row maximum before ``exp``.
+    Entries equal to ``-inf`` get weight 0; a ``nan`` anywhere in a row makes
+    the whole row ``nan`` rather than hiding it.
+
+    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
+
+    Equivalent to ``torch.softmax(x / temperature, dim)``.
+
+    Parameters
+    ----------
+    x : Tensor
+        Scores (logits), any floating dtype and device.
+    dim : int
+        The dimension to normalize; negative values count from the end.
+    temperature : float
+        :math:`T > 0`. Below 1 sharpens the distribution, above 1 flattens it.
+    """
+    check_float(x)
+    dim = check_dim(x, dim)
+    return torch.softmax(_scaled(x, temperature), dim=dim)
+
+
+def log_softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
+    r"""Log-softmax along ``dim``: :math:`x_i/T - \log \sum_j e^{x_j/T}`.
+
+    Computed without forming the probabilities, so it stays finite where
+    ``log(softmax(x))`` underflows to ``-inf``. This is what cross-entropy
+    losses use, and why they take logits rather than probabilities.
+
+    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
+
+    Equivalent to ``torch.log_softmax(x / temperature, dim)``.
+    """
+    check_float(x)
+    dim = check_dim(x, dim)
+    return torch.log_softmax(_scaled(x, temperature), dim=dim)
+
+
+def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
+    r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
+    :math:`m = \max_j x_j`.
+
+    A smooth maximum: :math:`\max_j x_j \le \operatorname{logsumexp}(x) \le
+    \max_j x_j + \log N`. A row of all ``-inf`` gives ``-inf``.
+
+    Shapes: ``x`` is ``(..., N)``; the result is ``(...)``, or ``(..., 1)``
+    with ``keepdim=True``.
+
+    Equivalent to ``torch.logsumexp(x, dim, keepdim)``.
+    """
+    check_float(x)
+    dim = check_dim(x, dim)
+    return torch.logsumexp(x, dim=dim, keepdim=keepdim)

@@ -1,0 +1,389 @@
+r"""Attention patterns as they are used now: documents, windows, prefixes, ALiBi.
+
+The masks of :mod:`softmaxbook.masking` say *causal* and *padding*. Current
+models combine a few more patterns, all built here from position indices:
+
+* :func:`document_mask`: several documents packed into one row (or a
+  variable-length batch) must not attend across document boundaries;
+  :func:`document_ids` builds the ids from the documents' lengths.
+* :func:`sliding_window_mask`: each query sees only its ``window`` most
+  recent keys (local attention).
+* :func:`prefix_lm_mask`: a prefix that attends bidirectionally, followed
+  by causal attention.
+* :func:`alibi_slopes` and :func:`alibi_bias`: ALiBi's additive distance
+  penalty, one slope per head.
+
+The masks follow the library's convention (boolean, **True = may attend**)
+and combine with ``&``; a row that a combination empties gets zeros from
+:func:`~softmaxbook.masked_softmax`. The same patterns written as functions of
+the indices (``mask_mod``) are the subject of :mod:`softmaxbook.flex`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Integral
+
+import torch
+from torch import Tensor
+
+from ._checks import check_float, check_positive_int, check_tensor
+from .masking import causal_mask
+
+__all__ = [
+    "document_ids",
+    "document_mask",
+    "sliding_window_mask",
+    "prefix_lm_mask",
+    "alibi_slopes",
+    "alibi_bias",
+]
+
+
+def _int_vector(values, name: str, device=None) -> Tensor:
+    """``values`` as a 1-D ``torch.long`` tensor; a ``TypeError`` for anything else."""
+    if isinstance(values, Tensor):
+        if (
+            values.is_floating_point()
+            or values.is_complex()
+            or values.dtype == torch.bool
+            or values.dim() != 1
+        ):
+            raise TypeError(
+                f"{name} must be a 1-D integer tensor, got dtype {values.dtype} "
+                f"and shape {tuple(values.shape)}"
+            )
+        return values.to(device=device, dtype=torch.long)
+    if isinstance(values, Sequence) and all(
+        isinstance(n, Integral) and not isinstance(n, bool) for n in values
+    ):
+        return torch.tensor([int(n) for n in values], dtype=torch.long, device=device)
+    raise TypeError(
+        f"{name} must be a 1-D integer tensor or a sequence of ints, "
+        f"got {type(values).__name__}"
+    )
+
+
+def _check_ids(ids, name: str) -> Tensor:
+    check_tensor(ids, name)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+    if ids.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (..., L)")
+    return ids
+
+
+def document_ids(lengths, total: int | None = None, *, device=None) -> Tensor:
+    r"""The document id of every position of a packed row: ``[0]*n_0 + [1]*n_1 + ...``.
+
+    Positions after the last document (padding up to ``total``) get the id
+    ``-1``, which :func:`document_mask` treats as padding.
+
+    Shapes: ``lengths`` is ``(N,)`` (one length per document); returns
+    ``(total,)`` with dtype ``torch.long``. For a batch of packed rows, stack
+    one result per row.
+
+    Equivalent to ``torch.repeat_interleave(torch.arange(N), lengths)``,
+    padded with ``-1``.
+
+    Parameters
+    ----------
+    lengths : Tensor or sequence of int
+        The length of each document, in order, each ``>= 0``.
+    total : int, optional
+        The length of the row; defaults to ``sum(lengths)``.
+    device : torch.device or str, optional
+        Where to create the ids.
+
+    Returns
+    -------
+    Tensor
+        ``(total,)``: ``ids[j]`` is the document of position ``j``, or ``-1``.
+
+    Raises
+    ------
+    TypeError
+        If ``lengths`` is not a 1-D integer tensor or sequence of ints, or
+        ``total`` is not an int.
+    ValueError
+        If a length is negative or ``total < sum(lengths)``.
+    """
+    lengths = _int_vector(lengths, "lengths", device)
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
+    used = int(lengths.sum())
+    if total is None:
+        total = used
+    elif isinstance(total, bool) or not isinstance(total, Integral):
+        raise TypeError(f"total must be an int, got {type(total).__name__}")
+    elif total < used:
+        raise ValueError(f"total must be >= sum(lengths) = {used}, got {total}")
+    docs = torch.arange(lengths.numel(), device=lengths.device)
+    ids = torch.repeat_interleave(docs, lengths)  # (used,)
+    padding = torch.full((int(total) - used,), -1, dtype=torch.long, device=ids.device)
+    return torch.cat([ids, padding])
+
+
+def document_mask(
+    q_ids: Tensor, kv_ids: Tensor | None = None, *, causal: bool = False
+) -> Tensor:
+    r"""Block-diagonal mask of packed documents: query :math:`i` may attend to key
+    :math:`j` iff :math:`d_i = d_j \ge 0` (and :math:`j \le i` if ``causal``).
+
+    ``q_ids`` holds the document of every query position, ``kv_ids`` that of
+    every key position (the same ids by default, for self-attention). A
+    negative id marks padding: a padding key is never attended and a padding
+    query attends to nothing, so its row is empty and
+    :func:`~softmaxbook.masked_softmax` gives it zeros. A variable-length
+    batch is the special case of one document per row, padded with ``-1``.
+
+    With ``causal=True`` the causal mask is combined in (top-left aligned, as
+    :func:`~softmaxbook.causal_mask`): packed causal language modelling.
+
+    Shapes: ``q_ids`` is ``(..., L)``, ``kv_ids`` is ``(..., S)`` with batch
+    dimensions that broadcast; returns ``(..., L, S)``, dtype ``bool``. Add a
+    head dimension with ``mask[:, None]`` for ``(B, H, L, S)`` scores.
+
+    Equivalent to ``(q_ids[..., :, None] == kv_ids[..., None, :]) &
+    (q_ids[..., :, None] >= 0)``.
+
+    Parameters
+    ----------
+    q_ids : Tensor
+        Integer document ids of the queries.
+    kv_ids : Tensor, optional
+        Integer document ids of the keys; defaults to ``q_ids``.
+    causal : bool
+        Also forbid keys after the query.
+
+    Returns
+    -------
+    Tensor
+        ``(..., L, S)`` boolean, True = may attend.
+
+    Raises
+    ------
+    TypeError
+        If an id tensor is not an integer tensor, or ``causal`` not a bool.
+    ValueError
+        If an id tensor is 0-dimensional, or the batch dimensions do not
+        broadcast.
+    """
+    _check_ids(q_ids, "q_ids")
+    kv_ids = q_ids if kv_ids is None else _check_ids(kv_ids, "kv_ids")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    try:
+        torch.broadcast_shapes(q_ids.shape[:-1], kv_ids.shape[:-1])
+    except RuntimeError:
+        raise ValueError(
+            f"the batch dimensions of q_ids {tuple(q_ids.shape)} and kv_ids "
+            f"{tuple(kv_ids.shape)} do not broadcast"
+        ) from None
+    q = q_ids.unsqueeze(-1)  # (..., L, 1)
+    same = (q == kv_ids.unsqueeze(-2)) & (q >= 0)  # (..., L, S)
+    if causal:
+        L, S = q_ids.shape[-1], kv_ids.shape[-1]
+        if L and S:
+            same = same & causal_mask(L, S, device=q_ids.device)
+    return same
+
+
+def sliding_window_mask(
+    L: int, S: int | None = None, *, window: int, causal: bool = True, device=None
+) -> Tensor:
+    r"""Local attention: query :math:`i` sees the ``window`` keys
+    :math:`i - w < j \le i` (causal), or :math:`|i - j| < w` (two-sided).
+
+    ``window`` counts the keys a query sees *including itself*, the
+    convention of Hugging Face ``transformers`` (its ``sliding_window``
+    overlay keeps ``kv_idx > q_idx - sliding_window``); FlashAttention's
+    ``window_size=(left, right)`` counts the keys on each side *besides*
+    the query, so a causal window ``w`` there is ``(w - 1, 0)``. Positions
+    are aligned at the top-left, like :func:`~softmaxbook.causal_mask`.
+    ``window >= S`` gives back the causal mask (or, two-sided, no mask).
+
+    Shapes: returns ``(L, S)`` (``S`` defaults to ``L``), dtype ``bool``.
+
+    Equivalent to ``(j <= i) & (j > i - window)`` for ``i = arange(L)[:,
+    None]``, ``j = arange(S)``.
+
+    Parameters
+    ----------
+    L, S : int
+        Numbers of queries and keys, ``>= 1`` (``S`` defaults to ``L``).
+    window : int
+        Keys per query, ``>= 1``; 1 keeps only the diagonal.
+    causal : bool
+        Keys after the query are forbidden (``True``) or allowed within the
+        window (``False``).
+    device : torch.device or str, optional
+        Where to create the mask.
+
+    Returns
+    -------
+    Tensor
+        ``(L, S)`` boolean, True = may attend.
+
+    Raises
+    ------
+    TypeError
+        If a size or ``window`` is not an int, or ``causal`` not a bool.
+    ValueError
+        If a size or ``window`` is smaller than 1.
+    """
+    L = check_positive_int(L, "L")
+    S = L if S is None else check_positive_int(S, "S")
+    window = check_positive_int(window, "window")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    i = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
+    j = torch.arange(S, device=device)  # (S,)
+    distance = i - j  # (L, S), > 0 for keys in the past
+    if causal:
+        return (distance >= 0) & (distance < window)
+    return distance.abs() < window
+
+
+def prefix_lm_mask(L: int, prefix_lengths, *, device=None) -> Tensor:
+    r"""Prefix-LM mask: the first :math:`p` positions see each other, the rest is
+    causal. Query :math:`i` may attend to key :math:`j` iff :math:`j < p` or
+    :math:`j \le i`.
+
+    The prefix (an instruction, a source sentence, the image tokens of a
+    multimodal model) is encoded bidirectionally, and the continuation is
+    generated causally, in one sequence and one attention call. ``p = 0``
+    gives the causal mask, ``p = L`` no mask at all.
+
+    Shapes: ``prefix_lengths`` is an int (returns ``(L, L)``) or ``(B,)``, one
+    prefix per sequence (returns ``(B, L, L)``); dtype ``bool``.
+
+    Equivalent to ``causal_mask(L) | (arange(L) < p)``.
+
+    Parameters
+    ----------
+    L : int
+        Sequence length, ``>= 1``.
+    prefix_lengths : int, Tensor or sequence of int
+        The prefix length :math:`p`, ``0 <= p <= L``, or one per sequence.
+    device : torch.device or str, optional
+        Where to create the mask.
+
+    Returns
+    -------
+    Tensor
+        ``(L, L)`` or ``(B, L, L)`` boolean, True = may attend.
+
+    Raises
+    ------
+    TypeError
+        If ``L`` is not an int or ``prefix_lengths`` is not an int, a 1-D
+        integer tensor or a sequence of ints.
+    ValueError
+        If ``L < 1`` or a prefix length is outside ``[0, L]``.
+    """
+    L = check_positive_int(L, "L")
+    single = isinstance(prefix_lengths, Integral) and not isinstance(
+        prefix_lengths, bool
+    )
+    p = _int_vector([prefix_lengths] if single else prefix_lengths, "prefix_lengths")
+    p = p.to(device) if device is not None else p
+    if p.numel() and (int(p.min()) < 0 or int(p.max()) > L):
+        raise ValueError(f"prefix_lengths must be in [0, L={L}], got {p.tolist()}")
+    keys = torch.arange(L, device=p.device)  # (L,)
+    in_prefix = keys < p.unsqueeze(-1)  # (B, L): key j is in sequence b's prefix
+    mask = causal_mask(L, device=p.device) | in_prefix.unsqueeze(-2)  # (B, L, L)
+    return mask[0] if single else mask
+
+
+def alibi_slopes(n_heads: int, *, device=None) -> Tensor:
+    r"""ALiBi's head slopes: the geometric sequence :math:`m_h = 2^{-8h/H}`,
+    :math:`h = 1, \dots, H`.
+
+    For 8 heads: :math:`1/2, 1/4, \dots, 1/256`. When :math:`H` is not a power
+    of two, ALiBi's reference implementation takes the slopes of the nearest
+    smaller power of two :math:`H'` and fills the remaining heads with every
+    other slope of :math:`2H'` heads; this function does the same, so its
+    slopes match models trained with ALiBi (Press et al., 2022).
+
+    Shapes: returns ``(H,)``, float32.
+
+    Parameters
+    ----------
+    n_heads : int
+        The number of heads :math:`H \ge 1`.
+    device : torch.device or str, optional
+        Where to create the slopes.
+
+    Returns
+    -------
+    Tensor
+        ``(H,)`` slopes in :math:`(0, 1)`, largest first.
+
+    Raises
+    ------
+    TypeError
+        If ``n_heads`` is not an int.
+    ValueError
+        If ``n_heads < 1``.
+    """
+    n_heads = check_positive_int(n_heads, "n_heads")
+    return torch.tensor(_slopes(n_heads), dtype=torch.float32, device=device)
+
+
+def _slopes(n: int) -> list[float]:
+    if n & (n - 1) == 0:  # a power of two
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+    closest = 2 ** math.floor(math.log2(n))
+    return _slopes(closest) + _slopes(2 * closest)[0::2][: n - closest]
+
+
+def alibi_bias(slopes: Tensor, L: int, S: int | None = None) -> Tensor:
+    r"""ALiBi's additive bias: :math:`b_{hij} = -m_h\, |i - j|`, added to the scores.
+
+    A key :math:`k` positions away costs head :math:`h` a score of
+    :math:`m_h k`: each head forgets at its own rate, and no position
+    embedding is needed. On the causal part (:math:`j \le i`) this is ALiBi's
+    :math:`m_h (j - i)`; there the reference implementation adds just
+    :math:`m_h\, j`, which differs by :math:`-m_h i`, a constant per row that
+    the softmax ignores. Keys after the query get the mirrored penalty,
+    which a causal mask then removes (or a bidirectional model keeps).
+    Positions are aligned at the top-left, like
+    :func:`~softmaxbook.causal_mask`.
+
+    Shapes: ``slopes`` is ``(H,)``; returns ``(H, L, S)`` in the dtype and on
+    the device of ``slopes``. Broadcasts against ``(B, H, L, S)`` scores.
+
+    Parameters
+    ----------
+    slopes : Tensor
+        Floating-point slopes, one per head (:func:`alibi_slopes`).
+    L, S : int
+        Numbers of queries and keys (``S`` defaults to ``L``).
+
+    Returns
+    -------
+    Tensor
+        ``(H, L, S)``: 0 on the diagonal, more negative with distance.
+
+    Raises
+    ------
+    TypeError
+        If ``slopes`` is not a floating-point tensor or a size is not an int.
+    ValueError
+        If ``slopes`` is not 1-D or a size is smaller than 1.
+    """
+    check_float(slopes, "slopes")
+    if slopes.dim() != 1:
+        raise ValueError(
+            f"slopes must be 1-D, one per head, got shape {tuple(slopes.shape)}"
+        )
+    L = check_positive_int(L, "L")
+    S = L if S is None else check_positive_int(S, "S")
+    i = torch.arange(L, device=slopes.device).unsqueeze(-1)  # (L, 1)
+    j = torch.arange(S, device=slopes.device)  # (S,)
+    # Negate the integers, not the product: -m * 0 would be -0.0 on the diagonal.
+    minus_distance = (-(i - j).abs()).to(slopes.dtype)  # (L, S)
+    return slopes[:, None, None] * minus_distance  # (H, L, S)

@@ -1,0 +1,260 @@
+"""Mutation testing by hand: break the library on purpose, check that a test fails.
+
+Each mutant below is a small, plausible bug (a removed upcast, a flipped mask, a
+dropped gradient term, a skipped max subtraction, an off-by-one threshold, a wrong
+scale ...). For each, this script edits the library file, runs the tests that
+should catch it (`pytest -x -m "not slow"`), records the first failing test, and
+restores the file. A mutant that no test catches is reported as SURVIVED.
+
+    .venv/bin/python tests/mutants.py          # every mutant (about 10 minutes)
+    .venv/bin/python tests/mutants.py 1 13     # only mutants 1 and 13
+
+Not collected by pytest (the name does not start with test_); run it after
+changing a test's tolerance or a module's numerics.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+L = "lib/softmaxbook/"
+FAST = ["-p", "no:nbval", "-o", "addopts=", "-q", "-x", "-m", "not slow"]
+
+# (what the bug is, file, original text, mutated text, tests that should catch it)
+M = [
+    (
+        "remove the float32 upcast of the alternative normalizers",
+        L + "alternatives.py",
+        "    return function.apply(x.to(_compute_dtype(x)), dim, *args).to(x.dtype)",
+        "    return function.apply(x, dim, *args)",
+        ["tests/test_alternatives.py"],
+    ),
+    (
+        "off-by-one in the sparse threshold (support counted from 0)",
+        L + "alternatives.py",
+        "    rho = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)  # (k,)",
+        "    rho = torch.arange(0, v.shape[-1], dtype=v.dtype, device=v.device)  # (k,)",
+        ["tests/test_alternatives.py"],
+    ),
+    (
+        "drop a term of the sparse maps' gradient",
+        L + "alternatives.py",
+        "    return wg - q * weight",
+        "    return wg",
+        ["tests/test_alternatives.py"],
+    ),
+    (
+        "skip the max subtraction in the NumPy reference softmax",
+        L + "reference.py",
+        "    e = np.exp(x - m)",
+        "    e = np.exp(x)",
+        ["tests/test_reference.py"],
+    ),
+    (
+        "temperature multiplies instead of divides",
+        L + "softmax.py",
+        "    return x if t == 1.0 else x / t",
+        "    return x if t == 1.0 else x * t",
+        ["tests/test_softmax.py"],
+    ),
+    (
+        "off-by-one causal mask (a query cannot see itself)",
+        L + "masking.py",
+        "    return cols <= rows  # (L, S)",
+        "    return cols < rows  # (L, S)",
+        ["tests/test_masking.py"],
+    ),
+    (
+        "flip the mask in masked_softmax",
+        L + "masking.py",
+        '        scores = scores.masked_fill(~keep, float("-inf"))',
+        '        scores = scores.masked_fill(keep, float("-inf"))',
+        ["tests/test_masking.py"],
+    ),
+    (
+        "empty rows not zeroed after the normalizer",
+        L + "_checks.py",
+        "    return normalize(scores.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)",
+        "    return normalize(scores.masked_fill(empty, 0.0))",
+        ["tests/test_masking.py"],
+    ),
+    (
+        "mask broadcast check removed",
+        L + "_checks.py",
+        "    if shape != scores.shape:",
+        "    if shape is None:",
+        ["tests/test_checks.py", "tests/test_masking.py"],
+    ),
+    (
+        "wrong attention scale (scores scaled twice)",
+        L + "attention.py",
+        "    scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)",
+        "    scores = (q @ k.transpose(-2, -1)) * scale * scale  # (..., L, S)",
+        ["tests/test_attention.py"],
+    ),
+    (
+        "online softmax forgets to rescale the running sum",
+        L + "online.py",
+        "        d = d * torch.exp(m - shift) + torch.exp(block - shift).sum(",
+        "        d = d + torch.exp(block - shift).sum(",
+        ["tests/test_online.py"],
+    ),
+    (
+        "FlashAttention fast path forgets to rescale the output",
+        L + "online.py",
+        "            o.mul_(alpha).baddbmm_(p, vf[:, k0:k1])",
+        "            o.baddbmm_(p, vf[:, k0:k1])",
+        ["tests/test_online.py"],
+    ),
+    (
+        "drop the s.g term of the softmax VJP",
+        L + "gradients.py",
+        "    return (s_ * (g_ - dot)).to(out_dtype)",
+        "    return (s_ * g_).to(out_dtype)",
+        ["tests/test_gradients.py"],
+    ),
+    (
+        "remove the float32 upcast of softmax_backward",
+        L + "gradients.py",
+        "    work = torch.float32 if out_dtype in _LOW_PRECISION else out_dtype",
+        "    work = out_dtype",
+        ["tests/test_gradients.py"],
+    ),
+    (
+        "nucleus off by one token (mass counted inclusive)",
+        L + "sampling/decoding.py",
+        "        torch.cumsum(probs, dim=-1) - probs",
+        "        torch.cumsum(probs, dim=-1)",
+        ["tests/test_sampling.py"],
+    ),
+    (
+        "sample divides before upcasting",
+        L + "sampling/decoding.py",
+        "    z = logits.to(torch.promote_types(logits.dtype, torch.float32))",
+        "    z = logits",
+        ["tests/test_sampling.py"],
+    ),
+    (
+        "ECE bins left-closed instead of right-closed",
+        L + "sampling/calibration.py",
+        "    idx = (torch.ceil(conf * n_bins) - 1).clamp(0, n_bins - 1).long()",
+        "    idx = torch.floor(conf * n_bins).clamp(0, n_bins - 1).long()",
+        ["tests/test_sampling.py"],
+    ),
+    (
+        "attention distance with the offset's sign flipped",
+        L + "analysis.py",
+        "    queries = torch.arange(L, device=weights.device, dtype=weights.dtype) + offset",
+        "    queries = torch.arange(L, device=weights.device, dtype=weights.dtype) - offset",
+        ["tests/test_analysis.py"],
+    ),
+    (
+        "recall targets taken from the wrong pair",
+        L + "models/data.py",
+        "    query, targets = keys[rows, which], values[rows, which]",
+        "    query, targets = keys[rows, which], values[rows, (which + 1) % n_pairs]",
+        ["tests/test_models.py"],
+    ),
+    (
+        "model temperature multiplies the scores",
+        L + "models/transformer.py",
+        '        self.score_scale = base / check_positive(temperature, "temperature")',
+        '        self.score_scale = base * check_positive(temperature, "temperature")',
+        ["tests/test_models.py"],
+    ),
+    (
+        "loss scored at the first position instead of the last",
+        L + "models/training.py",
+        "        logits = logits[:, -1]  # (N, V)",
+        "        logits = logits[:, 0]  # (N, V)",
+        ["tests/test_models.py"],
+    ),
+    (
+        "dispatch sends gradient-needing calls to the forward-only kernels",
+        L + "kernels/dispatch.py",
+        "    if needs_grad:",
+        "    if False:",
+        ["tests/test_dispatch.py"],
+    ),
+    (
+        "Triton softmax kernel skips the max subtraction",
+        L + "kernels/_triton.py",
+        "    x = x - tl.max(x, axis=0)  # the stable shift: every exponent is <= 0",
+        "    x = x",
+        ["tests/test_kernels.py"],
+    ),
+    (
+        "Triton FlashAttention kernel's causal mask off by one",
+        L + "kernels/_triton.py",
+        "            keep = keep & (cols[None, :] <= rows[:, None])",
+        "            keep = keep & (cols[None, :] < rows[:, None])",
+        ["tests/test_kernels.py"],
+    ),
+    (
+        "get_device prefers MPS over CUDA",
+        L + "device.py",
+        '    if torch.cuda.is_available():\n        return torch.device("cuda")\n    if _mps_available():\n        return torch.device("mps")',
+        '    if _mps_available():\n        return torch.device("mps")\n    if torch.cuda.is_available():\n        return torch.device("cuda")',
+        ["tests/test_device.py"],
+    ),
+    (
+        "glue rounds to decimals instead of significant digits",
+        L + "notebook.py",
+        '    return float(f"{value:.{digits}g}")',
+        '    return float(f"{value:.{digits}f}")',
+        ["tests/test_notebook.py"],
+    ),
+    (
+        "heatmap drawn transposed",
+        L + "plotting.py",
+        "        m, cmap=cmap, vmin=vmin, vmax=vmax,",
+        "        m.T, cmap=cmap, vmin=vmin, vmax=vmax,",
+        ["tests/test_plotting.py"],
+    ),
+]
+
+
+def main(only: list[str]) -> int:
+    survived = 0
+    for number, (what, path, old, new, tests) in enumerate(M, 1):
+        if only and str(number) not in only:
+            continue
+        file = ROOT / path
+        source = file.read_text()
+        if source.count(old) != 1:
+            print(f"#{number} {what}: the original text is not in {path} once")
+            survived += 1
+            continue
+        line = source[: source.index(old)].count("\n") + 1
+        file.write_text(source.replace(old, new))
+        try:
+            start = time.time()
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", *tests, *FAST],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            file.write_text(source)
+        failed = [
+            row.split(" ")[1]
+            for row in done.stdout.splitlines()
+            if row.startswith(("FAILED ", "ERROR "))
+        ]
+        caught = done.returncode != 0
+        survived += not caught
+        verdict = f"caught by {failed[0] if failed else '?'}" if caught else "SURVIVED"
+        print(
+            f"#{number} | {what} | {path}:{line} | {verdict} ({time.time() - start:.0f} s)",
+            flush=True,
+        )
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
