@@ -6,7 +6,7 @@ never formed. The backward pass saves only ``q, k, v``, the output and the
 logsumexp of each row, and recomputes the tiles: with
 :math:`\delta_i = \sum_d dO_{id}\, O_{id}` the weights' gradient needs no
 stored weights (see :func:`flash_attention_backward`). Both passes run the
-tile loops of :mod:`softmaxbook._tiles` on any device, or the Triton kernels
+tile loops of ``softmaxbook._tiles`` on any device, or the Triton kernels
 of :mod:`softmaxbook.kernels` on a CUDA GPU.
 
 Grouped-query attention (``enable_gqa``), learned sink logits (``sinks``) and

@@ -228,9 +228,9 @@ class RingRun(NamedTuple):
     out: Tensor
     #: ``(dq, dk, dv)`` for the given ``grad_out``, or None without it.
     grads: tuple[Tensor, Tensor, Tensor] | None
-    #: Per rank: bytes of the query, key and value blocks it was given.
+    #: Bytes of the query, key and value blocks each rank was given, one per rank.
     input_bytes: list[int]
-    #: Per rank: the growth of its resident memory during the call (the peak of
+    #: The growth of each rank's resident memory during the call (the peak of
     #: ``VmHWM`` over the resident size before it; Linux only, else None).
     peak_bytes: list[int] | None
 
