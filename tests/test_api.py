@@ -34,7 +34,10 @@ PUBLIC = {
     "scaled_dot_product_attention", "NORMALIZERS",
     # online softmax and FlashAttention
     "online_softmax", "flash_attention", "flash_attention_steps", "FlashStep",
-    "merge_attention_states",
+    "merge_attention_states", "flash_attention_backward", "CAUSAL_ALIGNMENTS",
+    # decoding and many devices
+    "repeat_kv_heads", "aligned_causal_mask", "split_k_attention", "ring_attention",
+    "run_ring_attention", "RingRun",
     # gradients
     "softmax_jacobian", "softmax_backward", "SoftmaxFunction",
     "softmax_with_custom_backward",
@@ -72,6 +75,7 @@ MODULE_PATHS = {
     "softmaxbook.device": ["get_device", "explain_dispatch", "DispatchDecision",
                            "triton_available"],
     "softmaxbook.kernels": ["fused_softmax", "triton_softmax", "triton_flash_attention",
+                            "triton_flash_forward", "triton_flash_backward",
                             "enable_interpreter", "interpreter_enabled",
                             "triton_available", "kernel_source", "explain_dispatch",
                             "DispatchDecision"],

@@ -48,12 +48,20 @@ def test_decision_rule_takes_triton_on_cuda(op):
         ({"have_triton": False}, "Triton is not installed"),
         ({"dtypes": {torch.float64}}, "not torch.float64"),
         ({"dtypes": {torch.float16, torch.float32}}, "different dtypes"),
-        ({"needs_grad": True}, "forward pass only"),
     ],
 )
 def test_decision_rule_falls_back_with_a_reason(overrides, reason):
     decision = dispatch._decide("flash_attention", **_facts(**overrides))
     assert decision.path == "torch" and reason in decision.reason
+
+
+def test_a_gradient_keeps_flash_attention_on_triton_but_not_softmax():
+    # FlashAttention has backward kernels; the fused softmax kernel is forward-only.
+    assert dispatch._decide("flash_attention", **_facts(needs_grad=True)).path == (
+        "triton"
+    )
+    decision = dispatch._decide("softmax", **_facts(needs_grad=True))
+    assert decision.path == "torch" and "forward pass only" in decision.reason
 
 
 def test_decision_rule_shape_limits():

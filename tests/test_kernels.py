@@ -216,13 +216,137 @@ def test_triton_flash_attention_bad_input():
         kernels.triton_flash_attention(_randn(1, 300), _randn(1, 300), _randn(1, 300))
 
 
+# ------------------------------------------------------- FlashAttention, backward
+
+
+def _kernel_and_torch_grads(monkeypatch, q, k, v, grad_out, **kw):
+    """Output and (dq, dk, dv) of flash_attention on the Triton path (forward and
+    backward kernels) and on the torch path."""
+    results = []
+    for path, device in (("triton", DEVICE), ("torch", "cpu")):
+        leaves = [t.detach().to(device).clone().requires_grad_() for t in (q, k, v)]
+        kw = {
+            n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in kw.items()
+        }
+        with monkeypatch.context() as patch:
+            decision = sb.DispatchDecision(
+                "flash_attention", path, "forced by the test"
+            )
+            patch.setattr(dispatch, "explain_dispatch", lambda op, *t, d=decision: d)
+            out = sb.flash_attention(*leaves, **kw)
+            grads = torch.autograd.grad(out, leaves, grad_out.to(out.device))
+        results.append([t.detach().cpu() for t in (out, *grads)])
+    return results
+
+
+def test_the_triton_path_runs_the_backward_kernels(monkeypatch):
+    launched = []
+    original = kernels.triton_flash_backward
+
+    def spy(*args, **kw):
+        launched.append(args[0].shape)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(kernels, "triton_flash_backward", spy)
+    q, k, v = _qkv(5, 6)
+    _kernel_and_torch_grads(monkeypatch, q, k, v, _randn(2, 2, 5, 16))
+    assert launched == [(4, 5, 16)]  # once, on the flat layout (B * H, L, D)
+
+
+@pytest.mark.parametrize(
+    "L,S,kw",
+    [
+        (37, 45, {}),
+        (37, 45, {"is_causal": True}),
+        (20, 70, {"is_causal": "bottom_right"}),
+        (70, 20, {"is_causal": "bottom_right"}),  # the first 50 rows see nothing
+        (33, 33, {"scale": 0.3}),
+    ],
+)
+def test_triton_backward_matches_the_torch_path(L, S, kw, monkeypatch):
+    q, k, v = _qkv(L, S, D=16, Dv=8)
+    grad_out = _randn(2, 2, L, 8, seed=9)
+    (out, *ours), (ref, *theirs) = _kernel_and_torch_grads(
+        monkeypatch, q, k, v, grad_out, **kw
+    )
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+        assert torch.isfinite(a).all()
+
+
+def test_triton_backward_meets_the_flash_rule(monkeypatch):
+    q, k, v = _qkv(40, 56)
+    grad_out = _randn(2, 2, 40, 16, seed=3)
+    exact = [
+        t.requires_grad_()
+        for t in (q.double().cpu(), k.double().cpu(), v.double().cpu())
+    ]
+    exact_grads = torch.autograd.grad(
+        F.scaled_dot_product_attention(*exact, is_causal=True),
+        exact,
+        grad_out.cpu().double(),
+    )
+    plain = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    plain_grads = torch.autograd.grad(
+        F.scaled_dot_product_attention(*plain, is_causal=True), plain, grad_out
+    )
+    (_, *ours), _ = _kernel_and_torch_grads(
+        monkeypatch, q, k, v, grad_out, is_causal=True
+    )
+    for a, b, e in zip(ours, plain_grads, exact_grads, strict=True):
+        err = (a.double() - e).abs().max()
+        torch_err = (b.double().cpu() - e).abs().max()
+        assert err <= 2 * torch_err + 1e-6, (err, torch_err)
+
+
+def test_triton_backward_mask_with_empty_rows_gqa_and_sinks(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 9, 16, generator=g).to(DEVICE)
+    k, v = (torch.randn(2, 2, 11, 16, generator=g).to(DEVICE) for _ in range(2))
+    mask = (torch.rand(2, 4, 9, 11, generator=g) > 0.5).to(DEVICE)
+    mask[0, 1, 3] = False
+    grad_out = torch.randn(2, 4, 9, 16, generator=g).to(DEVICE)
+    for kw in (
+        {"mask": mask, "enable_gqa": True},
+        {"enable_gqa": True, "is_causal": True},
+        {"sinks": torch.randn(4, generator=g).to(DEVICE), "enable_gqa": True},
+    ):
+        (out, *ours), (ref, *theirs) = _kernel_and_torch_grads(
+            monkeypatch, q, k, v, grad_out, **kw
+        )
+        torch.testing.assert_close(out, ref)
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+        if "mask" in kw:  # the query with nothing to attend: zeros, zero gradient
+            assert torch.equal(out[0, 1, 3], torch.zeros(16))
+            assert torch.equal(ours[0][0, 1, 3], torch.zeros(16))
+
+
+def test_triton_backward_half_precision(monkeypatch):
+    q, k, v = _qkv(24, 40, dtype=torch.float16)
+    grad_out = _randn(2, 2, 24, 16, seed=5, dtype=torch.float16)
+    (_, *ours), _ = _kernel_and_torch_grads(monkeypatch, q, k, v, grad_out)
+    leaves = [t.float().cpu().requires_grad_() for t in (q, k, v)]
+    expected = torch.autograd.grad(
+        sb.flash_attention(*leaves), leaves, grad_out.float().cpu()
+    )
+    for a, b in zip(ours, expected, strict=True):
+        assert a.dtype == torch.float16
+        torch.testing.assert_close(a.float(), b, atol=5e-3, rtol=5e-3)
+
+
 # --------------------------------------------------------------- the interpreter switch
 
 
 def test_kernel_source_is_the_triton_code():
-    for name in ("softmax", "flash_attention"):
+    names = ("softmax", "flash_attention", "flash_attention_dkdv", "flash_attention_dq")
+    for name in names:
         assert kernels.kernel_source(name).startswith("@triton.jit\ndef _")
-    assert "tl.exp" in kernels.kernel_source("flash_attention")
+    # Base 2 throughout: log2(e) is folded into the scale, exp2 replaces exp.
+    for name in names[1:]:
+        source = kernels.kernel_source(name)
+        assert "tl.exp2(" in source and "tl.exp(" not in source
     with pytest.raises(ValueError, match="unknown"):
         kernels.kernel_source("matmul")
 

@@ -20,8 +20,10 @@ from . import (
     analysis,
     attention,
     capping,
+    decode,
     device,
     differential,
+    flash,
     flex,
     gradients,
     kernels,
@@ -34,6 +36,7 @@ from . import (
     patterns,
     plotting,
     reference,
+    ring,
     sampling,
     selective,
     sinks,
@@ -45,8 +48,10 @@ from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .capping import *  # noqa: F403
+from .decode import *  # noqa: F403
 from .device import *  # noqa: F403
 from .differential import *  # noqa: F403
+from .flash import *  # noqa: F403
 from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
@@ -58,6 +63,7 @@ from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
 from .patterns import *  # noqa: F403
 from .plotting import *  # noqa: F403
+from .ring import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .selective import *  # noqa: F403
 from .sinks import *  # noqa: F403
@@ -81,6 +87,9 @@ __all__ = [
     *attention.__all__,
     *flex.__all__,
     *online.__all__,
+    *flash.__all__,
+    *decode.__all__,
+    *ring.__all__,
     *gradients.__all__,
     *alternatives.__all__,
     *sinks.__all__,

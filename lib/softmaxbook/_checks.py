@@ -273,3 +273,53 @@ def check_installed(packages, needed_by: str) -> None:
     if "triton" in missing:
         message += " (Triton is built for Linux; elsewhere, read this on the website)"
     raise ImportError(message, name=missing[0])
+
+
+# --------------------------------------------------------------------------------------
+# Grouped-query attention and the causal alignment
+# --------------------------------------------------------------------------------------
+
+#: The names ``is_causal`` accepts besides True and False (see
+#: :data:`softmaxbook.flash.CAUSAL_ALIGNMENTS`).
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def check_causal(is_causal) -> str | None:
+    """``None`` for no causal mask, else ``"top_left"`` (also for True) or
+    ``"bottom_right"``."""
+    if isinstance(is_causal, bool):
+        return "top_left" if is_causal else None
+    if isinstance(is_causal, str):
+        if is_causal not in CAUSAL_ALIGNMENTS:
+            raise ValueError(
+                f"is_causal={is_causal!r} is unknown; expected True, False or one "
+                f"of {list(CAUSAL_ALIGNMENTS)}"
+            )
+        return is_causal
+    raise TypeError(
+        f"is_causal must be a bool or one of {list(CAUSAL_ALIGNMENTS)}, "
+        f"got {type(is_causal).__name__}"
+    )
+
+
+def check_gqa_heads(q, k, v) -> int:
+    """For grouped-query attention: the number G of query heads per key head.
+
+    ``q`` is ``(..., Hq, L, D)``, ``k`` and ``v`` ``(..., Hkv, S, .)`` with
+    ``Hq`` a multiple of ``Hkv`` (torch's ``enable_gqa``).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name)
+        if t.dim() < 3:
+            raise ValueError(
+                f"enable_gqa=True needs {name} with a head dimension (..., heads, "
+                f"length, dim), got shape {tuple(t.shape)}"
+            )
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    if hk != hv or hk == 0 or hq % hk:
+        raise ValueError(
+            "enable_gqa=True needs k and v with the same number of heads, dividing "
+            f"the number of query heads; got q {tuple(q.shape)}, k "
+            f"{tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    return hq // hk

@@ -17,7 +17,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import check_attention_args, zero_empty_rows
+from ._checks import (
+    check_attention_args,
+    check_causal,
+    check_gqa_heads,
+    zero_empty_rows,
+)
 from .alternatives import (
     entmax15,
     relu_normalize,
@@ -25,8 +30,9 @@ from .alternatives import (
     softmax_one,
     sparsemax,
 )
+from .decode import aligned_causal_mask, repeat_kv_heads
 from .length import scalable_softmax
-from .masking import causal_mask, masked_softmax
+from .masking import masked_softmax
 from .sinks import clipped_softmax, relu_attention, sink_softmax, softpick
 from .stickbreaking import stick_breaking
 
@@ -82,11 +88,12 @@ def scaled_dot_product_attention(
     v: Tensor,
     *,
     mask: Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
     normalizer: str | Normalizer = "softmax",
     sinks: Tensor | None = None,
     return_weights: bool = False,
+    enable_gqa: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Attention:
     :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
@@ -102,13 +109,14 @@ def scaled_dot_product_attention(
     Shapes: ``q`` is ``(..., L, D)``, ``k`` is ``(..., S, D)``, ``v`` is
     ``(..., S, Dv)``, the batch dimensions ``...`` broadcast; ``mask``
     broadcasts to ``(..., L, S)``; the output is ``(..., L, Dv)`` and the
-    weights ``(..., L, S)``.
+    weights ``(..., L, S)``. With ``enable_gqa``, ``k`` and ``v`` may have
+    fewer heads than ``q`` (dimension -3), a divisor of its count.
 
     Equivalent, for softmax, to
     ``torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-    is_causal=is_causal, scale=scale)`` (same boolean convention, same
-    top-left causal alignment; torch 2.5 and later also give zeros for fully
-    masked rows).
+    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)`` (same boolean
+    convention, same top-left causal alignment for ``is_causal=True``; torch
+    2.5 and later also give zeros for fully masked rows).
 
     Parameters
     ----------
@@ -117,9 +125,13 @@ def scaled_dot_product_attention(
     mask : Tensor, optional
         Boolean, broadcastable to ``(..., L, S)``; True = the query may attend
         to the key (torch's convention for ``attn_mask``).
-    is_causal : bool
-        Apply :func:`~softmaxbook.masking.causal_mask` ``(L, S)``, aligned top-left.
-        Cannot be combined with ``mask``: pass ``mask & causal_mask(L, S)``.
+    is_causal : bool or str
+        Apply a causal mask ``(L, S)``: ``True`` or ``"top_left"`` aligns it
+        at the top-left corner, like torch (:func:`~softmaxbook.causal_mask`),
+        ``"bottom_right"`` at the bottom-right, like flash-attn (the last query
+        sees the last key: the KV-cache case); see
+        :func:`~softmaxbook.aligned_causal_mask`. Cannot be combined with
+        ``mask``: pass ``mask & aligned_causal_mask(L, S, align=...)``.
     scale : float, optional
         Multiplies the scores; defaults to :math:`1/\sqrt{D}`. Must be > 0.
     normalizer : str or callable
@@ -138,6 +150,10 @@ def scaled_dot_product_attention(
         and ``sinks`` gets a gradient. Softmax normalizer only.
     return_weights : bool
         Also return the weights (without the sink's).
+    enable_gqa : bool
+        Grouped-query attention: query head :math:`h` uses key and value head
+        :math:`\lfloor h / (H_q / H_{kv}) \rfloor`, as torch's ``enable_gqa``
+        (:func:`~softmaxbook.repeat_kv_heads`).
 
     Returns
     -------
@@ -154,19 +170,28 @@ def scaled_dot_product_attention(
     ValueError
         If the shapes do not match (``D`` of ``q`` and ``k``, ``S`` of ``k``
         and ``v``, batch dimensions, the mask), if ``mask`` is given together
-        with ``is_causal=True``, if ``scale <= 0``, or if ``normalizer`` is an
-        unknown name or returns the wrong shape; if ``sinks`` does not
-        broadcast to the batch dimensions, or comes with another normalizer
-        than softmax.
+        with ``is_causal``, if ``is_causal`` is an unknown name, if
+        ``enable_gqa`` is set and the head counts do not divide, if
+        ``scale <= 0``, or if ``normalizer`` is an unknown name or returns the
+        wrong shape; if ``sinks`` does not broadcast to the batch dimensions,
+        or comes with another normalizer than softmax.
     """
-    batch, scale, _ = check_attention_args(q, k, v, mask, is_causal, scale)
+    align = check_causal(is_causal)
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if enable_gqa:  # each key and value head serves G query heads
+        groups = check_gqa_heads(q, k, v)
+        k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
+    batch, scale, _ = check_attention_args(q, k, v, mask, align is not None, scale)
     name, normalize = resolve_normalizer(normalizer)
     is_softmax = name == "softmax" and normalize is NORMALIZERS.get("softmax")
     if sinks is not None:
         sinks = _check_sinks(sinks, batch, q, is_softmax)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
-    if is_causal:
-        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
+    if align is not None:
+        mask = aligned_causal_mask(
+            q.shape[-2], k.shape[-2], align=align, device=q.device
+        )  # (L, S)
     if mask is not None:  # a mask may have batch dimensions that only v has
         scores = scores.expand(torch.broadcast_shapes(scores.shape, mask.shape))
     if sinks is not None:  # removed keys are -inf; a row of them gives zeros

@@ -1,5 +1,5 @@
 r"""Triton kernels behind the library's functions: a fused row softmax and
-FlashAttention.
+FlashAttention, forward and backward.
 
 On a CUDA device with Triton installed, :func:`fused_softmax` and
 :func:`~softmaxbook.flash_attention` run these kernels; everywhere else they run
@@ -17,6 +17,7 @@ call :func:`enable_interpreter` before anything imports ``triton``.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._checks import check_attention_args, check_dim, check_float
+from .._checks import check_attention_args, check_causal, check_dim, check_float
 from . import dispatch
 from .dispatch import (
     INTERPRETER_ENV_VAR,
@@ -38,6 +39,8 @@ __all__ = [
     "fused_softmax",
     "triton_softmax",
     "triton_flash_attention",
+    "triton_flash_forward",
+    "triton_flash_backward",
     "enable_interpreter",
     "interpreter_enabled",
     "triton_available",
@@ -176,7 +179,7 @@ def triton_flash_attention(
     v: Tensor,
     *,
     mask: Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -186,8 +189,15 @@ def triton_flash_attention(
     streams the key and value tiles through on-chip memory with the online
     softmax (running maximum, running sum, rescaled output accumulator) and
     writes only the output rows and their logsumexp. The scores exist only
-    tile by tile in registers. Runs natively on CUDA tensors and in Triton's
-    interpreter on CPU tensors (see :func:`enable_interpreter`).
+    tile by tile, in registers, in base 2: ``log2(e)`` is folded into the
+    scale, so that ``exp2`` replaces ``exp``. Runs natively on CUDA tensors
+    and in Triton's interpreter on CPU tensors (see
+    :func:`enable_interpreter`).
+
+    This is the forward kernel alone, with no autograd graph:
+    :func:`~softmaxbook.flash_attention` runs it on a GPU together with the
+    backward kernels (:func:`triton_flash_backward`), and adds grouped-query
+    heads and sinks.
 
     Shapes: as :func:`~softmaxbook.flash_attention`: ``q`` ``(..., L, D)``,
     ``k`` ``(..., S, D)``, ``v`` ``(..., S, Dv)`` with broadcasting batch
@@ -206,12 +216,94 @@ def triton_flash_attention(
         head dimension of q or v above ``ATTENTION_KERNEL_MAX_HEAD_DIM`` (256)
         of ``softmaxbook.kernels.dispatch``.
     RuntimeError
-        If the tensors are on the CPU and the interpreter is not enabled.
+        If the tensors are on the CPU and the interpreter is not enabled, or
+        a gradient is required (use :func:`~softmaxbook.flash_attention`).
     """
-    batch, scale, keep = check_attention_args(q, k, v, mask, is_causal, scale)
-    _check_kernel_dtype(q, "q")
+    align = check_causal(is_causal)
+    batch, scale, keep = check_attention_args(q, k, v, mask, align is not None, scale)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError(
+            "triton_flash_attention is the forward kernel alone and records no "
+            "gradient; use softmaxbook.flash_attention, which runs the backward "
+            "kernels too"
+        )
+    L, S, BH = q.shape[-2], k.shape[-2], math.prod(batch)
+
+    def flat(t):  # (..., n, d) broadcast to the batch -> (BH, n, d)
+        return t.expand(batch + t.shape[-2:]).reshape((BH,) + t.shape[-2:])
+
+    causal = None if align is None else (L, 0 if align == "top_left" else S - L)
+    mask3 = None if keep is None else keep.reshape(BH, L, S)
+    out, lse = triton_flash_forward(
+        flat(q), flat(k), flat(v), mask=mask3, causal=causal, scale=scale
+    )
+    out, lse = out.reshape(batch + (L, v.shape[-1])), lse.reshape(batch + (L,))
+    return (out, lse) if return_lse else out
+
+
+def triton_flash_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    causal: tuple[int, int] | None = None,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
+    r"""Launch the FlashAttention forward kernel on the flat layout.
+
+    The layout :func:`~softmaxbook.flash_attention` brings every call to:
+    ``q`` ``(BH, R, D)``, ``k`` ``(BH, S, D)``, ``v`` ``(BH, S, Dv)``, an
+    optional boolean ``mask`` ``(BH, R, S)`` (True = may attend), and an
+    optional causal rule ``(period, offset)``: row :math:`r` may attend to
+    keys :math:`j \le r \bmod \text{period} + \text{offset}` (query heads of
+    a group are stacked as rows, so positions repeat every ``period`` rows).
+
+    Returns ``(out, lse)``: ``(BH, R, Dv)`` in the dtype of ``q``, and the
+    logsumexp ``(BH, R)`` in float32 (``-inf`` for rows with nothing to
+    attend, whose output is zeros).
+    """
+    _check_flat(q, k, v, mask)
+    return _backend().flash_forward(_backend().Flat(q, k, v, mask, causal, scale))
+
+
+def triton_flash_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grad_out: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    *,
+    mask: Tensor | None = None,
+    causal: tuple[int, int] | None = None,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Launch the two FlashAttention backward kernels on the flat layout.
+
+    One program per block of keys keeps their :math:`dK, dV` in registers
+    while the query blocks stream past; one program per block of queries
+    does the same for :math:`dQ` (no atomics). Both recompute each tile of
+    weights from the logsumexp, :math:`P = 2^{s_2 - \mathrm{lse}_2}` in base
+    2, and use :math:`dS = P \circ (dP - \delta)`: no weight is stored.
+
+    Shapes: as :func:`triton_flash_forward`; ``grad_out`` ``(BH, R, Dv)``,
+    ``lse`` and ``delta`` ``(BH, R)``, with :math:`\delta_r = \sum_d
+    dO_{rd}\, O_{rd}` minus the gradient of the logsumexp. Returns ``(dq,
+    dk, dv)`` in float32.
+    """
+    _check_flat(q, k, v, mask)
+    problem = _backend().Flat(q, k, v, mask, causal, scale)
+    return _backend().flash_backward(problem, grad_out, lse, delta)
+
+
+def _check_flat(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(t, name)
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be (BH, length, dim), got {tuple(t.shape)}")
         _check_runnable(t, name)
+    _check_kernel_dtype(q, "q")
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         # Triton's interpreter multiplies the raw bit patterns of bfloat16 in tl.dot
         # (not supported upstream): the output would be garbage, silently.
@@ -225,8 +317,8 @@ def triton_flash_attention(
             f"the kernel takes head dimensions up to {limit}, got q "
             f"{tuple(q.shape)} and v {tuple(v.shape)}"
         )
-    out, lse = _backend().flash_attention(q, k, v, batch, keep, is_causal, scale)
-    return (out, lse) if return_lse else out
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a boolean tensor, got dtype {mask.dtype}")
 
 
 def _check_kernel_dtype(x: Tensor, name: str) -> None:
@@ -238,12 +330,19 @@ def _check_kernel_dtype(x: Tensor, name: str) -> None:
 
 
 def kernel_source(name: str) -> str:
-    """The Triton source of a kernel, ``"softmax"`` or ``"flash_attention"``, as text.
+    """The Triton source of a kernel, as text: ``"softmax"``, ``"flash_attention"``
+    (the forward pass), ``"flash_attention_dkdv"`` and ``"flash_attention_dq"``
+    (the backward pass).
 
     Read from the module file without importing Triton, so that the book can
     show the kernels on any machine.
     """
-    names = {"softmax": "_softmax_kernel", "flash_attention": "_flash_attention_kernel"}
+    names = {
+        "softmax": "_softmax_kernel",
+        "flash_attention": "_flash_attention_kernel",
+        "flash_attention_dkdv": "_flash_attention_dkdv_kernel",
+        "flash_attention_dq": "_flash_attention_dq_kernel",
+    }
     if name not in names:
         raise ValueError(f"name={name!r} is unknown; expected one of {sorted(names)}")
     text = (Path(__file__).with_name("_triton.py")).read_text()

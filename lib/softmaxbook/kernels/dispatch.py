@@ -72,9 +72,10 @@ def explain_dispatch(op: str, *tensors: torch.Tensor) -> DispatchDecision:
 
     The library's functions take this same decision, so the report is what
     they do: the Triton kernel when every tensor is on a CUDA device, Triton
-    is installed, the dtype is float16, bfloat16 or float32, no gradient is
-    needed (the kernels are forward-only) and the shape fits the kernel;
-    otherwise the torch code, which gives the same result up to rounding.
+    is installed, the dtype is float16, bfloat16 or float32, the shape fits
+    the kernel and, for ``"softmax"``, no gradient is needed (its kernel is
+    forward-only; FlashAttention has a backward kernel too); otherwise the
+    torch code, which gives the same result up to rounding.
 
     Shapes: for ``"softmax"`` pass the input (normalized along its last
     dimension); for ``"flash_attention"`` pass ``q, k, v``.
@@ -157,9 +158,10 @@ def _decide(
         )
     if len(dtypes) > 1:
         return torch_path("the tensors have different dtypes")
-    if needs_grad:
+    if needs_grad and op == "softmax":
         return torch_path(
-            "a gradient is required and the kernels compute the forward pass only"
+            "a gradient is required and the softmax kernel computes the forward "
+            "pass only"
         )
     if op == "softmax" and width > SOFTMAX_KERNEL_MAX_COLS:
         return torch_path(

@@ -1,0 +1,337 @@
+r"""The tile loops of FlashAttention on the torch path: forward and backward.
+
+:mod:`softmaxbook.flash` reduces every call to one layout: ``q`` ``(BH, R, D)``,
+``k`` ``(BH, S, D)``, ``v`` ``(BH, S, Dv)``, an optional boolean mask
+``(BH, R, S)`` (a view) and an optional causal rule "row ``r`` may attend to
+keys ``j <= r % period + offset``". The loops here compute on that layout,
+in place, in float32 (float64 for float64 input), with a few single-threaded
+workers that share the work by heads and query blocks.
+
+Scores are kept in base 2: ``q`` is multiplied by ``scale * log2(e)`` so that
+``exp2`` replaces ``exp`` (cheaper on CPUs and GPUs alike, and
+:math:`2^{s \log_2 e} = e^s` changes nothing else); the logsumexp that leaves
+this module is in natural units.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+#: Score elements of one tile, all heads of a work unit together: 2^17 float32
+#: numbers are 512 KiB, which stay in a core's L2 cache through the half-dozen
+#: passes a tile gets. Several heads share a tile only when the tiles are small.
+TILE_ELEMENTS = 1 << 17
+
+
+class Causal(NamedTuple):
+    """Row ``r`` may attend to keys ``j <= r % period + offset``.
+
+    ``period`` is the number of queries ``L`` (rows of several query heads of
+    one group are stacked, so positions repeat every ``L`` rows); ``offset``
+    is 0 for torch's top-left alignment and ``S - L`` for the bottom-right one.
+    """
+
+    period: int
+    offset: int
+
+    def last_key(self, r0: int, r1: int) -> tuple[int, int]:
+        """The smallest and largest last allowed key over rows ``[r0, r1)``."""
+        if r1 - r0 >= self.period or r0 // self.period != (r1 - 1) // self.period:
+            lo, hi = 0, self.period - 1  # the block wraps: every position occurs
+        else:
+            lo, hi = r0 % self.period, (r1 - 1) % self.period
+        return lo + self.offset, hi + self.offset
+
+    def keep(self, r0: int, r1: int, k0: int, k1: int, device) -> Tensor:
+        """The boolean ``(r1 - r0, k1 - k0)`` tile of the causal rule."""
+        rows = torch.arange(r0, r1, device=device) % self.period + self.offset
+        cols = torch.arange(k0, k1, device=device)
+        return cols <= rows.unsqueeze(-1)
+
+
+class Problem(NamedTuple):
+    """One attention call on the flat layout (see the module docstring)."""
+
+    q: Tensor  # (BH, R, D)
+    k: Tensor  # (BH, S, D)
+    v: Tensor  # (BH, S, Dv)
+    keep: Tensor | None  # (BH, R, S) bool, True = may attend
+    causal: Causal | None
+    scale: float
+    block_q: int
+    block_k: int
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        return torch.promote_types(self.q.dtype, torch.float32)
+
+    def tile_keep(self, h0, h1, r0, r1, k0, k1) -> Tensor | None:
+        """The mask of one tile, ``(bq, bk)`` or ``(heads, bq, bk)``; None if all
+        may attend."""
+        if self.causal is not None:
+            lo, _ = self.causal.last_key(r0, r1)
+            if k1 - 1 <= lo:  # every key of the tile is allowed for every row
+                return None
+            return self.causal.keep(r0, r1, k0, k1, self.q.device)
+        if self.keep is None:
+            return None
+        return self.keep[h0:h1, r0:r1, k0:k1]
+
+    def key_end(self, r0: int, r1: int) -> int:
+        """Keys at or past this index are masked for every row in ``[r0, r1)``."""
+        S = self.k.shape[1]
+        if self.causal is None:
+            return S
+        return max(0, min(S, self.causal.last_key(r0, r1)[1] + 1))
+
+    def may_be_empty(self) -> bool:
+        """Whether a row can meet a tile in which all its keys are masked."""
+        if self.keep is not None:
+            return True
+        if self.causal is None:
+            return False
+        return self.causal.offset < 0  # rows before the first key see nothing
+
+
+# --------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------
+
+
+def forward(p: Problem) -> tuple[Tensor, Tensor]:
+    """Attention output ``(BH, R, Dv)`` and logsumexp ``(BH, R)``, both float32+.
+
+    Rows with nothing to attend give zeros and a logsumexp of ``-inf``.
+    """
+    BH, R, _ = p.q.shape
+    S, Dv = p.k.shape[1], p.v.shape[-1]
+    dev = p.q.device
+    out = torch.zeros((BH, R, Dv), dtype=p.acc_dtype, device=dev)
+    lse = torch.full((BH, R), float("-inf"), dtype=p.acc_dtype, device=dev)
+    if BH == 0 or R == 0 or S == 0:
+        return out, lse
+    k = p.k.to(p.acc_dtype).transpose(1, 2)  # (BH, D, S): a view for float32 input
+    v = p.v.to(p.acc_dtype)
+    heads = _heads_per_tile(BH, min(p.block_q, R), min(p.block_k, S))
+    units = [
+        (h0, min(h0 + heads, BH), r0, min(r0 + p.block_q, R))
+        for r0 in range(0, R, p.block_q)
+        for h0 in range(0, BH, heads)
+    ]
+    cost = [(u[1] - u[0]) * p.key_end(u[2], u[3]) for u in units]
+    _run(_forward_units, units, cost, p, k, v, out, lse)
+    return out, lse
+
+
+def _forward_units(units, p: Problem, kt, v, out, lse):
+    """Compute the work units ``(h0, h1, r0, r1)`` into ``out`` and ``lse``."""
+    c = p.scale * LOG2E  # scores in base 2
+    bq = max(r1 - r0 for _, _, r0, r1 in units)
+    hb = max(h1 - h0 for h0, h1, _, _ in units)
+    tile = kt.new_empty(hb * bq * min(p.block_k, kt.shape[-1]))
+    check_empty = p.may_be_empty()
+    for h0, h1, r0, r1 in units:
+        n_h, n_r = h1 - h0, r1 - r0
+        qb = p.q[h0:h1, r0:r1].to(p.acc_dtype) * c  # (heads, bq, D), base-2 units
+        m = qb.new_full((n_h, n_r, 1), float("-inf"))  # running maximum
+        ell = qb.new_zeros((n_h, n_r, 1))  # running sum of 2^(s - m)
+        o = out[h0:h1, r0:r1]  # (heads, bq, Dv): the unnormalized output, in place
+        for k0 in range(0, p.key_end(r0, r1), p.block_k):
+            k1 = min(k0 + p.block_k, kt.shape[-1])
+            s = tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0)
+            torch.bmm(qb, kt[h0:h1, :, k0:k1], out=s)
+            keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
+            if keep is not None:
+                s.masked_fill_(~keep, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            # A row with no key so far has m = -inf: shift it by 0, so that
+            # -inf - (-inf) = nan never happens.
+            shift = (
+                m_new.masked_fill(m_new == float("-inf"), 0.0) if check_empty else m_new
+            )
+            alpha = torch.exp2(m - shift)  # rescales the old state to the new maximum
+            pt = s.sub_(shift).exp2_()
+            ell.mul_(alpha).add_(pt.sum(dim=-1, keepdim=True))
+            o.mul_(alpha).baddbmm_(pt, v[h0:h1, k0:k1])
+            m = m_new
+        nonzero = ell > 0  # false only for rows with nothing to attend
+        o.div_(torch.where(nonzero, ell, torch.ones_like(ell)))
+        row_lse = (m + torch.log2(ell)) * LN2  # back to natural units
+        lse[h0:h1, r0:r1] = row_lse.masked_fill(~nonzero, float("-inf")).squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------
+
+
+def backward(
+    p: Problem, grad_out: Tensor, lse: Tensor, delta: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Gradients ``(dq, dk, dv)`` (float32+, shaped like ``q``, ``k``, ``v``).
+
+    Recomputes each tile of weights from the logsumexp, :math:`P = e^{S -
+    \mathrm{lse}}`, and never stores more than one tile:
+
+    .. math::
+
+        dV \mathrel{+}= P^\top dO,\quad dP = dO\, V^\top,\quad
+        dS = P \circ (dP - \delta),\quad dQ \mathrel{+}= dS\, K \cdot
+        \text{scale},\quad dK \mathrel{+}= dS^\top Q \cdot \text{scale}
+
+    with :math:`\delta` = ``delta`` ``(BH, R)``, which is
+    :math:`\mathrm{rowsum}(dO \circ O)` minus the gradient of the logsumexp.
+    """
+    BH, R, _ = p.q.shape
+    S = p.k.shape[1]
+    acc = p.acc_dtype
+    dq = torch.zeros(p.q.shape, dtype=acc, device=p.q.device)
+    dk = torch.zeros(p.k.shape, dtype=acc, device=p.q.device)
+    dv = torch.zeros(p.v.shape, dtype=acc, device=p.q.device)
+    if BH == 0 or R == 0 or S == 0:
+        return dq, dk, dv
+    # Rows with nothing to attend have lse = -inf and only -inf scores: any finite
+    # stand-in gives them weights 2^(-inf) = 0.
+    lse2 = (lse.to(acc) * LOG2E).masked_fill(torch.isneginf(lse), 0.0)
+    grads = (dq, dk, dv, grad_out, lse2, delta.to(acc))
+    workers = _workers(p.q.device, BH)
+    if BH >= workers:  # whole heads per worker: no two workers write one gradient row
+        units = [(h, h + 1) for h in range(BH)]
+        _run(_backward_heads, units, [1] * BH, p, *grads)
+    else:  # few heads: split the keys, each worker sums its own dq, added at the end
+        blocks = list(range(0, S, p.block_k))
+        shares = [blocks[i::workers] for i in range(workers)]
+        dqs = [dq] + [torch.zeros_like(dq) for _ in shares[1:]]
+        _parallel(
+            [
+                (
+                    _backward_heads,
+                    [(0, BH)],
+                    p,
+                    dq_i,
+                    dk,
+                    dv,
+                    grad_out,
+                    lse2,
+                    grads[5],
+                    share,
+                )
+                for dq_i, share in zip(dqs, shares, strict=True)
+            ]
+        )
+        for extra in dqs[1:]:
+            dq.add_(extra)
+    dq.mul_(p.scale)  # dS is the gradient of the natural-unit scores s = scale q k^T
+    dk.mul_(p.scale)
+    return dq, dk, dv
+
+
+def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks=None):
+    """Accumulate the gradients of the heads in ``units`` (key blocks ``blocks``)."""
+    acc = p.acc_dtype
+    S, R = p.k.shape[1], p.q.shape[1]
+    bq, bk = min(p.block_q, R), min(p.block_k, S)
+    c = p.scale * LOG2E
+    for h0, h1 in units:
+        n_h = h1 - h0
+        tiles = dq.new_empty((2, n_h * bq * bk))
+        qh = p.q[h0:h1].to(acc)  # (heads, R, D): a view for float32
+        do = grad_out[h0:h1].to(acc)
+        for k0 in range(0, S, p.block_k) if blocks is None else blocks:
+            k1 = min(k0 + p.block_k, S)
+            kb = p.k[h0:h1, k0:k1].to(acc)  # (heads, bk, D)
+            vt = p.v[h0:h1, k0:k1].to(acc).transpose(1, 2)  # (heads, Dv, bk)
+            dk_b, dv_b = dk[h0:h1, k0:k1], dv[h0:h1, k0:k1]  # accumulated in place
+            for r0 in range(0, R, p.block_q):
+                r1 = min(r0 + p.block_q, R)
+                if p.key_end(r0, r1) <= k0:  # causal: the whole tile is masked
+                    continue
+                shape = (n_h, r1 - r0, k1 - k0)
+                n = math.prod(shape)
+                qb = qh[:, r0:r1]
+                s = tiles[0, :n].view(shape)
+                # s = c q k^T: the GEMM applies the scale (alpha), so no scaled copy
+                # of q is needed
+                torch.baddbmm(s, qb, kb.transpose(1, 2), beta=0.0, alpha=c, out=s)
+                keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
+                if keep is not None:
+                    s.masked_fill_(~keep, float("-inf"))
+                pt = s.sub_(lse2[h0:h1, r0:r1, None]).exp2_()  # the weights P
+                dv_b.baddbmm_(pt.transpose(1, 2), do[:, r0:r1])
+                dp = torch.bmm(do[:, r0:r1], vt, out=tiles[1, :n].view(shape))
+                ds = dp.sub_(delta[h0:h1, r0:r1, None]).mul_(pt)  # P o (dP - delta)
+                dq[h0:h1, r0:r1].baddbmm_(ds, kb)
+                dk_b.baddbmm_(ds.transpose(1, 2), qb)
+
+
+# --------------------------------------------------------------------------------------
+# Workers
+# --------------------------------------------------------------------------------------
+
+
+def _heads_per_tile(BH: int, bq: int, bk: int) -> int:
+    return max(1, min(BH, TILE_ELEMENTS // max(1, bq * bk)))
+
+
+def _workers(device: torch.device, units: int) -> int:
+    if device.type != "cpu":
+        return 1  # one stream of GPU kernels; the device parallelizes
+    if _functorch_active():
+        return 1  # torch.func's wrapped tensors live in this thread only
+    return max(1, min(torch.get_num_threads(), units))
+
+
+def _functorch_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
+
+
+def _run(fn, units, cost, p: Problem, *args):
+    """Share ``units`` among the workers, the costliest first to the least loaded."""
+    workers = _workers(p.q.device, len(units))
+    shares = [[] for _ in range(workers)]
+    load = [0] * workers
+    for i in sorted(range(len(units)), key=lambda i: -cost[i]):
+        w = load.index(min(load))
+        shares[w].append(units[i])
+        load[w] += cost[i]
+    _parallel([(fn, share, p, *args) for share in shares if share])
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _parallel(jobs) -> None:
+    """Run ``fn(*args)`` for each ``(fn, *args)`` in ``jobs``, one per worker thread."""
+    if len(jobs) == 1:
+        fn, *args = jobs[0]
+        with torch.no_grad():
+            fn(*args)
+        return
+    global _POOL
+    if _POOL is None or _POOL._max_workers < len(jobs):
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)
+        _POOL = ThreadPoolExecutor(len(jobs), thread_name_prefix="softmaxbook-flash")
+    inference = torch.is_inference_mode_enabled()
+    futures = [_POOL.submit(_in_worker, inference, *job) for job in jobs]
+    for future in futures:
+        future.result()
+
+
+def _in_worker(inference: bool, fn, *args):
+    # Each worker runs its torch operations inline, on one thread: one
+    # single-threaded worker per core beats many short multi-threaded operations,
+    # whose synchronization dominates on a busy machine. Grad mode and inference
+    # mode are per thread: the caller's are carried over.
+    torch.set_num_threads(1)
+    with torch.inference_mode(inference), torch.no_grad():
+        return fn(*args)

@@ -1,0 +1,101 @@
+"""Tests of softmaxbook.ring: ring attention between processes of this machine.
+
+Each test starts its processes with run_ring_attention: spawned workers, the
+gloo backend, the loopback address only. Every run is bounded (its timeout
+stops the processes), so a hung ring fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import softmaxbook as sb
+
+TIMEOUT = 240.0  # seconds for one run, processes' start-up included
+
+
+def _inputs(n, bh=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, grad_out = (torch.randn(1, bh, n, d, generator=g) for _ in range(4))
+    return q, k, v, grad_out
+
+
+def _single_process(q, k, v, grad_out, is_causal):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = sb.flash_attention(*leaves, is_causal=is_causal)
+    return out.detach(), torch.autograd.grad(out, leaves, grad_out)
+
+
+def _assert_equal_within_float32(run, q, k, v, grad_out, is_causal):
+    out, grads = _single_process(q, k, v, grad_out, is_causal)
+    torch.testing.assert_close(run.out, out, atol=2e-6, rtol=1e-5)
+    for ring_grad, grad in zip(run.grads, grads, strict=True):
+        torch.testing.assert_close(ring_grad, grad, atol=2e-5, rtol=1e-4)
+
+
+def test_two_processes_match_single_process_attention():
+    q, k, v, grad_out = _inputs(96)
+    run = sb.run_ring_attention(
+        q, k, v, world_size=2, grad_out=grad_out, timeout=TIMEOUT
+    )
+    _assert_equal_within_float32(run, q, k, v, grad_out, False)
+    assert run.input_bytes == [3 * 48 * 2 * 16 * 4] * 2  # each rank: half of q, k, v
+
+
+@pytest.mark.slow
+def test_four_processes_causal_match_single_process_attention():
+    q, k, v, grad_out = _inputs(128, seed=1)
+    run = sb.run_ring_attention(
+        q, k, v, world_size=4, is_causal=True, grad_out=grad_out, timeout=TIMEOUT
+    )
+    _assert_equal_within_float32(run, q, k, v, grad_out, True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not sb.ring._reset_peak(), reason="needs Linux's /proc/self/clear_refs"
+)
+def test_memory_per_rank_shrinks_with_the_number_of_ranks():
+    # A fixed sequence of 4096 positions: each rank holds 1/W of it and at most two
+    # key blocks, so the memory a rank needs during the call falls with W.
+    q, k, v, grad_out = _inputs(4096, bh=2, d=32)
+    peaks = {}
+    for world in (2, 4):
+        run = sb.run_ring_attention(
+            q, k, v, world_size=world, grad_out=grad_out, timeout=TIMEOUT
+        )
+        peaks[world] = run.peak_bytes
+        assert run.input_bytes == [3 * q.numel() * 4 // world] * world
+    # Every rank of 4 needs less than every rank of 2, by a margin of 1 MiB (the
+    # blocks a rank of 2 holds beyond a rank of 4 are several MiB).
+    assert max(peaks[4]) + 2**20 < min(peaks[2]), peaks
+
+
+def test_ring_attention_needs_torch_distributed():
+    q, k, v, _ = _inputs(8)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        sb.ring_attention(q, k, v)
+
+
+def test_run_ring_attention_bad_input():
+    q, k, v, grad_out = _inputs(8)
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        sb.run_ring_attention(q, k, v, world_size=0)
+    with pytest.raises(ValueError, match="more than the sequence has positions"):
+        sb.run_ring_attention(q, k, v, world_size=9)
+    with pytest.raises(ValueError, match="same batch dimensions"):
+        sb.run_ring_attention(q, k[:, :1], v[:, :1], world_size=2)
+    with pytest.raises(ValueError, match="grad_out must have shape"):
+        sb.run_ring_attention(q, k, v, world_size=2, grad_out=grad_out[..., :4])
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_reported_not_hung():
+    # Causal ring attention needs square blocks; q of 8 and k of 12 positions gives
+    # (4, 6) blocks: every rank raises, and the parent reports a rank's traceback.
+    q, k, v, _ = _inputs(12)
+    with pytest.raises(RuntimeError, match=r"rank [01] failed"):
+        sb.run_ring_attention(
+            q[..., :8, :], k, v, world_size=2, is_causal=True, timeout=TIMEOUT
+        )
