@@ -28,7 +28,7 @@ book: $(STAMP)
 
 ## lint: ruff's checks and its formatting, on the library, the tests and the benchmarks
 # (the chapters get the same settings: ruff format chapters && ruff check chapters)
-LINTED := lib tests benchmarks tools experiments
+LINTED := lib tests benchmarks tools experiments chapters
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
