@@ -381,9 +381,11 @@ def flash_attention(
         \ell' &= e^{m - m'}\,\ell + \textstyle\sum_j e^{s_j - m'}, \\
         o' &= e^{m - m'}\,o + \textstyle\sum_j e^{s_j - m'}\, v_j
 
-    and the result is :math:`o / \ell`. Only one ``(block_q, block_k)`` tile
-    of scores exists at a time, so the extra memory grows linearly with the
-    sequence length; the ``(L, S)`` score matrix is never formed. With a
+    and the result is :math:`o / \ell`. On the CPU the blocks are shared among
+    one worker per torch thread, and each worker holds one ``(block_q,
+    block_k)`` tile of scores at a time, so the extra memory grows linearly
+    with the sequence length (and with the number of threads); the ``(L, S)``
+    score matrix is never formed. With a
     causal mask the tiles entirely above the diagonal are skipped. Rows with
     nothing to attend give zeros (and a logsumexp of ``-inf``), forward and
     backward.
