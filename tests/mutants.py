@@ -104,11 +104,11 @@ M = [
         ["tests/test_online.py"],
     ),
     (
-        "FlashAttention fast path forgets to rescale the output",
-        L + "online.py",
-        "            o.mul_(alpha).baddbmm_(p, vf[:, k0:k1])",
-        "            o.baddbmm_(p, vf[:, k0:k1])",
-        ["tests/test_online.py"],
+        "FlashAttention forward forgets to rescale the output",
+        L + "_tiles.py",
+        "            o.mul_(alpha).baddbmm_(pt, v[h0:h1, k0:k1])",
+        "            o.baddbmm_(pt, v[h0:h1, k0:k1])",
+        ["tests/test_flash.py"],
     ),
     (
         "drop the s.g term of the softmax VJP",
@@ -127,8 +127,8 @@ M = [
     (
         "nucleus off by one token (mass counted inclusive)",
         L + "sampling/decoding.py",
-        "        torch.cumsum(probs, dim=-1) - probs",
-        "        torch.cumsum(probs, dim=-1)",
+        "mass_before = torch.cumsum(probs, dim=-1) - probs",
+        "mass_before = torch.cumsum(probs, dim=-1)",
         ["tests/test_sampling.py"],
     ),
     (
@@ -174,9 +174,9 @@ M = [
         ["tests/test_models.py"],
     ),
     (
-        "dispatch sends gradient-needing calls to the forward-only kernels",
+        "dispatch sends gradient-needing softmax calls to the forward-only kernel",
         L + "kernels/dispatch.py",
-        "    if needs_grad:",
+        '    if needs_grad and op == "softmax":',
         "    if False:",
         ["tests/test_dispatch.py"],
     ),
@@ -190,8 +190,10 @@ M = [
     (
         "Triton FlashAttention kernel's causal mask off by one",
         L + "kernels/_triton.py",
-        "            keep = keep & (cols[None, :] <= rows[:, None])",
-        "            keep = keep & (cols[None, :] < rows[:, None])",
+        "        keep = cols[None, :] < S\n        if IS_CAUSAL:\n"
+        "            keep = keep & (cols[None, :] <= last[:, None])",
+        "        keep = cols[None, :] < S\n        if IS_CAUSAL:\n"
+        "            keep = keep & (cols[None, :] < last[:, None])",
         ["tests/test_kernels.py"],
     ),
     (
