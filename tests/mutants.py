@@ -217,6 +217,34 @@ M = [
         "        m.T, cmap=cmap, vmin=vmin, vmax=vmax,",
         ["tests/test_plotting.py"],
     ),
+    (
+        "FlashAttention backward drops delta = rowsum(dO o O) from dS",
+        L + "_tiles.py",
+        "ds = dp.sub_(delta[h0:h1, r0:r1, None]).mul_(pt)",
+        "ds = dp.mul_(pt)",
+        ["tests/test_flash.py"],
+    ),
+    (
+        "sink softmax leaves the shift out of the sink's exponential",
+        L + "sinks.py",
+        "total = torch.exp(sink - m) + e.sum(dim, keepdim=True)",
+        "total = torch.exp(sink) + e.sum(dim, keepdim=True)",
+        ["tests/test_sinks.py"],
+    ),
+    (
+        "sink softmax shifts by the scores' maximum only (a large sink overflows)",
+        L + "sinks.py",
+        "m = torch.maximum(x.amax(dim, keepdim=True), sink).detach()",
+        "m = x.amax(dim, keepdim=True).detach()",
+        ["tests/test_sinks.py"],
+    ),
+    (
+        "softpick's numerator not rectified (negative weights)",
+        L + "sinks.py",
+        "numerator = torch.relu(shifted)",
+        "numerator = shifted",
+        ["tests/test_sinks.py"],
+    ),
 ]
 
 

@@ -108,6 +108,22 @@ def test_sink_softmax_large_logits_do_not_overflow():
     assert torch.isfinite(sb.sink_softmax(x, -1e4)).all()
 
 
+def test_sink_softmax_sink_far_above_the_scores():
+    """The shift includes the sink: e^(b - max x) alone overflows float32 for
+    b = 100 above scores near 0, and its gradient would then be inf * 0 = nan."""
+    x = torch.tensor([[0.0, -1.0, 0.5]], requires_grad=True)
+    sink = torch.tensor(100.0, requires_grad=True)
+    p = sb.sink_softmax(x, sink)
+    (p * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    x64, sink64 = x.detach().double().requires_grad_(), sink.detach().double()
+    sink64.requires_grad_()
+    p64 = _cat_reference(x64, sink64)
+    (p64 * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(sink.grad)
+    torch.testing.assert_close(p.double(), p64.detach(), atol=1e-30, rtol=0)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=1e-30, rtol=0)
+
+
 def test_sink_softmax_bad_sinks():
     x = scores((3, 4))
     with pytest.raises(ValueError, match="broadcast"):
