@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softmaxbook as sb
+from attention_inputs import qkv as _qkv
+from attention_inputs import sdpa64 as _sdpa64
 from softmaxbook import _tiles
 
 # torch's SDPA takes enable_gqa from torch 2.5; the oldest torch this library supports
@@ -22,19 +24,6 @@ TORCH_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 needs_torch_gqa = pytest.mark.skipif(
     not TORCH_HAS_GQA, reason="torch's SDPA has enable_gqa from torch 2.5"
 )
-
-
-def _qkv(L, S, D=16, Dv=None, batch=(2, 3), dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    Dv = D if Dv is None else Dv
-    q = torch.randn(batch + (L, D), generator=g, dtype=torch.float64) * scale
-    k = torch.randn(batch + (S, D), generator=g, dtype=torch.float64) * scale
-    v = torch.randn(batch + (S, Dv), generator=g, dtype=torch.float64)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
-def _sdpa64(q, k, v, **kw):
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), **kw)
 
 
 # ---------------------------------------------------------------- the forward pass

@@ -7,24 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import softmaxbook as sb
+from attention_inputs import qkv as _qkv
 from softmaxbook import reference
-
-
-def _qkv(L, S, D=16, Dv=None, batch=(2, 3), dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    Dv = D if Dv is None else Dv
-    q = torch.randn(batch + (L, D), generator=g, dtype=torch.float64) * scale
-    k = torch.randn(batch + (S, D), generator=g, dtype=torch.float64) * scale
-    v = torch.randn(batch + (S, Dv), generator=g, dtype=torch.float64)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
-def _sdpa64(q, k, v, **kw):
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), **kw)
-
 
 # ---------------------------------------------------------------- online_softmax
 
