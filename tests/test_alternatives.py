@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softmaxbook as sb
+from random_inputs import scores, vjp
 from softmaxbook import alternatives as alt
 from softmaxbook import reference as ref
 
@@ -31,20 +32,6 @@ ALL_MAPS = {
     "relu": sb.relu_normalize,
     "sigmoid": sb.sigmoid_normalize,
 }
-
-
-def scores(shape=(6, 9), scale=2.0, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-
-def vjp(f, x, seed=1):
-    """Gradient of a random linear function of f(x) with respect to x."""
-    x = x.detach().clone().requires_grad_(True)
-    out = f(x)
-    w = scores(out.shape, scale=1.0, seed=seed)
-    (grad,) = torch.autograd.grad((out * w).sum(), x)
-    return out.detach(), grad
 
 
 # ---------------------------------------------------------------------- agreement

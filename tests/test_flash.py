@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softmaxbook as sb
-from attention_inputs import qkv as _qkv
-from attention_inputs import sdpa64 as _sdpa64
+from random_inputs import qkv as _qkv
+from random_inputs import sdpa64 as _sdpa64
 from softmaxbook import _tiles
 
 # torch's SDPA takes enable_gqa from torch 2.5; the oldest torch this library supports

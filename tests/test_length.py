@@ -16,11 +16,7 @@ import pytest
 import torch
 
 import softmaxbook as sb
-
-
-def scores(shape=(6, 9), scale=2.0, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+from random_inputs import scores
 
 
 def margin_row(n, margin=5.0):

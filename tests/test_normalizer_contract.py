@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import softmaxbook as sb
+from random_inputs import scores, vjp
 
 MAPS = {
     "softpick": sb.softpick,
@@ -36,20 +37,6 @@ REGISTERED = [
     "scalable_softmax",
     "stick_breaking",
 ]
-
-
-def scores(shape=(6, 9), scale=2.0, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-
-def vjp(f, x, seed=1):
-    """The map and the gradient of a random linear function of it."""
-    x = x.detach().clone().requires_grad_(True)
-    out = f(x)
-    w = scores(out.shape, scale=1.0, seed=seed)
-    (grad,) = torch.autograd.grad((out * w).sum(), x)
-    return out.detach(), grad
 
 
 def test_the_registered_names():

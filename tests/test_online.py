@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import softmaxbook as sb
-from attention_inputs import qkv as _qkv
+from random_inputs import qkv as _qkv
 from softmaxbook import reference
 
 # ---------------------------------------------------------------- online_softmax

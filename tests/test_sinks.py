@@ -18,12 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import softmaxbook as sb
-
-
-def scores(shape=(6, 9), scale=2.0, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-
+from random_inputs import scores
 
 # ---------------------------------------------------------------------- sink_softmax
 
