@@ -15,7 +15,8 @@ the cell's ``metadata.tags`` list):
 - In Markdown, every ``{solution}`` directive block of sphinx-exercise is
   removed, whatever its fence (``:::``, ``::::``, ```` ``` ````), and so is
   everything between the gated directives ``{solution-start}`` and
-  ``{solution-end}``, across cells. The ``{exercise}`` blocks stay.
+  ``{solution-end}``, across cells, except the code cells tagged ``solution``
+  or ``exercise`` (below). The ``{exercise}`` blocks stay.
 - A Markdown cell tagged ``solution`` is removed.
 - A code cell tagged ``solution`` holds the reference answer of an
   "implement it yourself" exercise: imports and function definitions. The
@@ -170,7 +171,10 @@ def student_version(nb: dict) -> tuple[dict, dict]:
                 cell["source"] = _as_lines(text)
                 cells.append(cell)
             continue
-        if gated:  # a code cell between {solution-start} and {solution-end}
+        # A code cell between {solution-start} and {solution-end} goes, unless it is
+        # the answer of an implement-it-yourself exercise (it becomes the stub the
+        # student fills in) or the checker that grades it.
+        if gated and not set(tags) & {SOLUTION_TAG, EXERCISE_TAG}:
             continue
         if cell["cell_type"] == "code" and SOLUTION_TAG in tags:
             custom = cell.get("metadata", {}).get("softmaxbook", {}).get("stub")
