@@ -82,3 +82,55 @@ def test_a_removed_key_leaves_the_stick_untouched():
     torch.testing.assert_close(
         torch.cat([p[:, :4], p[:, 5:]], -1), sb.stick_breaking(kept)
     )
+
+
+def test_attend_current_false_leaves_out_the_last_visible_key():
+    # Tan et al.'s code (attend_current=False) masks the diagonal: a query's own
+    # key, the last key of its causal row, takes nothing from the stick.
+    x = scores((4, 7))
+    p = sb.stick_breaking(x, attend_current=False)
+    assert (p[:, -1] == 0).all()
+    torch.testing.assert_close(p[:, :-1], sb.stick_breaking(x[:, :-1]))
+    # Under a causal mask the last visible key is the diagonal one.
+    L = 6
+    logits = scores((L, L))
+    causal = logits.masked_fill(~sb.causal_mask(L), float("-inf"))
+    strict = torch.tril(torch.ones(L, L, dtype=torch.bool), -1)
+    expected = authors_reference(logits, ~strict)
+    expected[0] = 0  # the first query has no key before it: it attends to nothing
+    ours = sb.stick_breaking(causal, attend_current=False)
+    torch.testing.assert_close(ours, expected)
+    assert (ours.diagonal() == 0).all() and (ours[0] == 0).all()
+
+
+def test_attend_current_true_is_the_default_and_keeps_the_diagonal():
+    x = scores((3, 5))
+    torch.testing.assert_close(
+        sb.stick_breaking(x, attend_current=True), sb.stick_breaking(x)
+    )
+    torch.testing.assert_close(sb.stick_breaking(x), product_formula(x))
+
+
+def test_attend_current_along_another_dim_and_gradients():
+    x = scores((6, 3))
+    torch.testing.assert_close(
+        sb.stick_breaking(x, dim=0, attend_current=False),
+        sb.stick_breaking(x.T, attend_current=False).T,
+    )
+    y = scores((2, 5)).requires_grad_()
+    y.data[1, 3:] = float("-inf")  # a row whose last visible key is key 2
+    p = sb.stick_breaking(y, attend_current=False)
+    assert p[1, 2] == 0 and torch.isfinite(p).all()
+    p.sum().backward()
+    assert torch.isfinite(y.grad).all() and (y.grad[1, 2:] == 0).all()
+    z = scores((3, 4))
+    assert torch.autograd.gradcheck(
+        lambda t: sb.stick_breaking(t, attend_current=False), (z.requires_grad_(),)
+    )
+
+
+def test_attend_current_rejects_a_non_bool():
+    import pytest
+
+    with pytest.raises(TypeError, match="attend_current"):
+        sb.stick_breaking(scores((2, 3)), attend_current=1)

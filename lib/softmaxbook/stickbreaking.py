@@ -16,6 +16,13 @@ it. The order of the keys is part of the map, so it needs no positional
 embedding for recency. The weights sum to
 :math:`1 - \prod_k (1 - \beta_k) \le 1`: what is left of the stick is not
 spent, so a row of low scores attends to (almost) nothing.
+
+Whether a query may break the stick at its own key is a choice of the
+attention, not of the formula. The authors' code excludes it
+(``attend_current=False`` in their Triton kernels: the key at the query's own
+position is masked, so the first query attends to nothing); the library's
+default keeps it, as a causal mask with its diagonal does. Both are offered by
+the ``attend_current`` keyword of :func:`stick_breaking`.
 """
 
 from __future__ import annotations
@@ -42,7 +49,19 @@ def _stick_breaking(x: Tensor, dim: int) -> Tensor:
     return torch.exp(F.logsigmoid(x) + after)
 
 
-def stick_breaking(x: Tensor, dim: int = -1) -> Tensor:
+def _without_current(x: Tensor, dim: int) -> Tensor:
+    # The query's own key is the last key of the row that is not removed (-inf):
+    # under a causal mask with its diagonal, the diagonal entry. Remove it.
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    position = torch.arange(n, device=x.device).view(shape)
+    visible = ~torch.isneginf(x)
+    last = torch.where(visible, position, -1).amax(dim, keepdim=True)
+    return x.masked_fill(position == last, float("-inf"))
+
+
+def stick_breaking(x: Tensor, dim: int = -1, *, attend_current: bool = True) -> Tensor:
     r"""Stick-breaking weights:
     :math:`A_j = \sigma(x_j) \prod_{k > j} \big(1 - \sigma(x_k)\big)`.
 
@@ -57,6 +76,26 @@ def stick_breaking(x: Tensor, dim: int = -1) -> Tensor:
     the stick (:math:`\sigma(-\infty) = 0`). A row of only ``-inf`` gives
     zeros, and so does a row of very negative scores.
 
+    The row is read as the keys a query may attend to, in order, the most
+    recent last. For a query :math:`i` of causal attention with scores
+    :math:`s_{i,j}`, ``attend_current`` says whether the query's own key
+    :math:`j = i` is one of them:
+
+    .. math::
+
+        A_{i,j} = \sigma(s_{i,j}) \prod_{j < k \le i'} \big(1 - \sigma(s_{i,k})\big),
+        \qquad i' = i \text{ (attend\_current=True)}, \quad
+        i' = i - 1 \text{ (False)},
+
+    and :math:`A_{i,i} = 0` with ``attend_current=False``. With ``False``, the
+    last key along ``dim`` that is not ``-inf`` is taken to be the query's
+    own and is removed (weight 0, nothing taken from the stick): on a row
+    masked by :func:`~softmaxbook.causal_mask`, the diagonal. A row with one
+    visible key then gives zeros (the first query attends to nothing). This
+    is the convention of Tan et al.'s code (``attend_current=False``, their
+    default); ``True`` (the default here) lets the query take from the stick
+    first, at its own key.
+
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent, along the last dimension, to ``b * torch.cat([left[..., 1:],
@@ -70,6 +109,10 @@ def stick_breaking(x: Tensor, dim: int = -1) -> Tensor:
     dim : int
         The dimension of the keys, in order; negative values count from the
         end.
+    attend_current : bool
+        Keyword only. ``True`` (default): every key of the row may take from
+        the stick. ``False``: the last key that is not ``-inf`` (the query's
+        own under a causal mask) is left out, as in Tan et al.'s code.
 
     Returns
     -------
@@ -79,15 +122,25 @@ def stick_breaking(x: Tensor, dim: int = -1) -> Tensor:
     Raises
     ------
     TypeError
-        If ``x`` is not a floating-point tensor or ``dim`` is not an int.
+        If ``x`` is not a floating-point tensor, ``dim`` is not an int, or
+        ``attend_current`` is not a bool.
     IndexError
         If ``dim`` is out of range.
     """
     check_float(x)
     dim = check_dim(x, dim)
+    if not isinstance(attend_current, bool):
+        raise TypeError(
+            "attend_current must be a bool (True: a query may attend to its own "
+            f"key; False: Tan et al.'s convention), got {type(attend_current).__name__}"
+        )
     if x.dim() == 0:
-        return stick_breaking(x.unsqueeze(0), 0).squeeze(0)
+        out = stick_breaking(x.unsqueeze(0), 0, attend_current=attend_current)
+        return out.squeeze(0)
     if x.numel() == 0:
         return x * 0
     compute = torch.float32 if x.dtype in _HALF else x.dtype
-    return _stick_breaking(x.to(compute), dim).to(x.dtype)
+    x_c = x.to(compute)
+    if not attend_current:
+        x_c = _without_current(x_c, dim)
+    return _stick_breaking(x_c, dim).to(x.dtype)
