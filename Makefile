@@ -5,11 +5,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-CHAPTERS := $(wildcard chapters/*.ipynb)
+CHAPTERS := $(wildcard chapters/*.ipynb chapters/*/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book lint format test test-fast test-portable test-oldest execute lab bench student clean
+.PHONY: all setup book pdf lint format test test-fast test-portable test-oldest execute lab bench student clean
 
 all: test
 
@@ -25,6 +25,12 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 	@echo "Open _build/html/index.html"
+
+## pdf: the whole book as one PDF, _build/pdf/book.pdf (single-page HTML printed by
+# headless Chromium: figures, math and a table of contents, no TeX)
+pdf: $(STAMP)
+	$(BIN)/jupyter-book build . --builder singlehtml
+	$(BIN)/python tools/pdf.py --html _build/singlehtml --out _build/pdf/book.pdf
 
 ## lint: ruff's checks and its formatting, on the library, the tests and the benchmarks
 # (the chapters get the same settings: ruff format chapters && ruff check chapters)

@@ -17,11 +17,26 @@ on every page. Each page gets the list with duplicates removed.
 3. MathJax on every page. Sphinx loads it only on pages with formulas in their
 text, but a chapter title with math (``Scaling by $\\sqrt{d_k}$``) is shown on
 every page, in the navigation.
+
+4. The claims ledger. ``:::{claims-ledger}`` expands, at build time, into every
+claim the chapters check, page by page in the order of ``_toc.yml``, read from
+the verification cells of the notebooks by :func:`bookkit.claims.page_claims`.
+A claim is written once, in the cell that checks it.
+
+5. The single-page HTML of ``make pdf``. Sphinx looks up a node's HTML
+visitors by the builder's name, and extensions register them for ``html``
+only (myst-nb's hidden-code toggles), so ``singlehtml`` gets the same ones.
 """
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import sys
+from pathlib import Path
+
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
 
 PACKAGE = "softmaxbook"
 
@@ -78,7 +93,72 @@ def _unique_scripts(app, pagename, templatename, context, doctree):
     context["script_files"][:] = scripts
 
 
+def _toc_pages(srcdir: Path) -> list[str]:
+    """The chapter pages of _toc.yml, in reading order."""
+    toc = (srcdir / "_toc.yml").read_text(encoding="utf-8")
+    entries = re.findall(r"file:\s*(\S+)", toc)
+    return [e for e in entries if re.match(r"chapters/(0[1-9]|10)_", e)]
+
+
+def _title(notebook: Path) -> str:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            first = "".join(cell["source"]).lstrip().split("\n", 1)[0]
+            return first.lstrip("#").strip()
+    return notebook.stem
+
+
+class ClaimsLedger(SphinxDirective):
+    """Every checked claim of the chapters, page by page (see module docstring, 4)."""
+
+    has_content = False
+
+    def run(self):
+        from bookkit.claims import page_claims
+
+        srcdir = Path(self.env.srcdir)
+        lines: list[str] = []
+        summary = ["| Page | Claims |", "| --- | ---: |"]
+        total = 0
+        for page in _toc_pages(srcdir):
+            notebook = srcdir / f"{page}.ipynb"
+            if not notebook.exists():
+                continue
+            self.env.note_dependency(str(notebook))
+            claims = page_claims(notebook, srcdir)
+            if not claims:
+                continue
+            total += len(claims)
+            title = _title(notebook)
+            summary.append(f"| {{doc}}`{title} </{page}>` | {len(claims)} |")
+            lines += ["", f"**{{doc}}`{title} </{page}>`**", ""]
+            lines += [f"- {claim.text}" for claim in claims]
+        summary.append(f"| **All pages** | **{total}** |")
+        node_list = []
+        for block in (summary, lines):
+            container = self.parse_text_to_nodes("\n".join(block))
+            node_list += container
+        return node_list
+
+    def parse_text_to_nodes(self, text: str):
+        from docutils import nodes
+
+        holder = nodes.container()
+        self.state.nested_parse(StringList(text.split("\n")), self.content_offset, holder)
+        return holder.children
+
+
+def _share_html_visitors(app):
+    if app.builder.name in ("singlehtml", "dirhtml"):
+        handlers = app.registry.translation_handlers
+        for node, visitors in handlers.get("html", {}).items():
+            handlers.setdefault(app.builder.name, {}).setdefault(node, visitors)
+
+
 def setup(app):
+    app.connect("builder-inited", _share_html_visitors)
+    app.add_directive("claims-ledger", ClaimsLedger)
     app.set_html_assets_policy("always")
     app.connect("missing-reference", _resolve)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the others

@@ -152,3 +152,11 @@ def test_the_graph_is_read():
     assert f"{ROOT}._checks" in GRAPH[f"{ROOT}.kernels"]
     assert f"{ROOT}.kernels._triton" in GRAPH[f"{ROOT}.kernels"]
     assert len(MODULES) >= 20
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_the_library_never_imports_the_books_harness(module):
+    # bookkit (diagrams, the claims ledger) serves the book; a course installs
+    # softmaxbook alone.
+    harness = [name for name, _ in _imports(module) if name.split(".")[0] == "bookkit"]
+    assert not harness, f"{module} imports the book's harness: {harness}"
