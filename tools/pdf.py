@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     headings = print_book(args.html, args.out)
+    if headings < 10 or not args.out.exists():
+        print(f"the PDF lists {headings} headings: the book did not print whole")
+        return 1
     size = args.out.stat().st_size / 2**20
     print(f"{args.out}: {size:.1f} MiB, {headings} headings in its contents")
     return 0
