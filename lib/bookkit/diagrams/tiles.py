@@ -1,0 +1,336 @@
+"""Diagrams of softmax at scale: the online softmax's running state, the tiles
+of FlashAttention and what travels between memories, and ring attention.
+
+Each ``draw_*`` function returns a matplotlib Figure built from the primitives
+of :mod:`bookkit.diagrams._draw`. Where the library has the values (the running
+state of :func:`softmaxbook.flash_attention_steps`, the default tile sizes of
+:mod:`softmaxbook.flash`, the ring's rule for who holds which block), the
+diagram takes them from there instead of typing them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ._draw import INK, MUTED, PALETTE, arrow, box, canvas, cells, text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "online_softmax_states",
+    "draw_online_softmax_state",
+    "draw_flash_tiles",
+    "ring_schedule",
+    "draw_ring_attention",
+]
+
+
+def online_softmax_states(scores, block: int):
+    """The running state after each tile of keys, for one row of ``scores``.
+
+    Runs :func:`softmaxbook.flash_attention_steps` on a query whose scores
+    against one-hot keys are ``scores`` (scale 1), so the state drawn is the
+    library's own. Returns a list of dicts with keys ``start``, ``stop``,
+    ``m``, ``l`` and ``alpha`` (the factor :math:`e^{m_{old} - m_{new}}` that
+    rescaled what was accumulated before the tile; 1 for the first tile).
+    """
+    import torch
+
+    import softmaxbook as sb
+
+    s = torch.as_tensor(scores, dtype=torch.float64).flatten()
+    n = s.numel()
+    # q . k_j = s_j with one-hot keys; scale 1 keeps the scores as given
+    q = s.view(1, n)
+    k = torch.eye(n, dtype=torch.float64)
+    v = torch.zeros(n, 1, dtype=torch.float64)
+    states, m_old = [], -math.inf
+    for step in sb.flash_attention_steps(q, k, v, block_size=(1, block), scale=1.0):
+        m_new = float(step.max.flatten()[0])
+        alpha = 1.0 if m_old == -math.inf else math.exp(m_old - m_new)
+        states.append(
+            {
+                "start": step.k_start,
+                "stop": step.k_stop,
+                "m": m_new,
+                "l": float(step.sum.flatten()[0]),
+                "alpha": alpha,
+            }
+        )
+        m_old = m_new
+    return states
+
+
+def draw_online_softmax_state(scores=None, *, block: int = 4) -> Figure:
+    """One row of scores in tiles of ``block`` keys, and the running state
+    :math:`(m, \\ell)` after each tile with its rescale factor
+    :math:`\\alpha = e^{m_{old} - m_{new}}`."""
+    if scores is None:
+        scores = [0.3, 1.2, -0.4, 0.8, 2.1, 0.5, -1.0, 1.6, 0.9, 2.6, 0.1, -0.7]
+    scores = [float(x) for x in scores]
+    states = online_softmax_states(scores, block)
+    n, tiles = len(scores), len(states)
+    width = max(n, 3.6 * tiles)
+    cell = width / n
+    fig, ax = canvas(
+        width,
+        8.2,
+        figsize=(6.4, 4.6),
+        title="Online softmax: the running state, tile by tile",
+    )
+    colors = [PALETTE[t % len(PALETTE)] for t in range(tiles)]
+    row = [[colors[j // block] for j in range(n)]]
+    top = 6.3
+    row = [[_light(c) for c in row[0]]]
+    cells(
+        ax, row, x=0, y=top, size=cell, labels=[f"{x:.1f}" for x in scores], fontsize=9
+    )
+    text(
+        ax,
+        width / 2,
+        top + cell + 0.35,
+        "scores s_j of one query row (keys left to right)",
+        fontsize=9,
+    )
+    box_w, box_h, y_box = 3.2, 2.3, 2.3
+    slot = width / tiles
+    centers = []
+    for t, st in enumerate(states):
+        x_mid = (st["start"] + st["stop"]) / 2 * cell
+        cx = slot * (t + 0.5)
+        arrow(ax, (x_mid, top - 0.05), (cx, y_box + box_h + 0.05), color=colors[t])
+        label = (
+            f"tile {t + 1}\n"
+            f"m = {st['m']:.2f}\n"
+            f"\u2113 = {st['l']:.2f}\n"
+            f"\u03b1 = {st['alpha']:.2f}"
+        )
+        box(
+            ax, cx - box_w / 2, y_box, box_w, box_h, label, color=colors[t], fontsize=10
+        )
+        centers.append(cx)
+    for t in range(1, tiles):
+        arrow(
+            ax,
+            (centers[t - 1] + box_w / 2, y_box + box_h / 2),
+            (centers[t] - box_w / 2, y_box + box_h / 2),
+        )
+    text(
+        ax,
+        width / 2,
+        1.45,
+        "\u03b1 = exp(m_old \u2212 m_new) rescales \u2113 and acc before the tile adds",
+        fontsize=9,
+    )
+    text(
+        ax,
+        width / 2,
+        0.75,
+        "\u2113 \u2190 \u03b1\u2113 + \u03a3 exp(s_j \u2212 m),   "
+        "acc \u2190 \u03b1\u00b7acc + \u03a3 exp(s_j \u2212 m) v_j",
+        fontsize=9,
+    )
+    text(ax, width / 2, 0.1, "after the last tile: output = acc / \u2113", fontsize=9)
+    return fig
+
+
+def draw_flash_tiles(
+    block_size: tuple[int, int] | None = None, *, seq_len: int = 2048
+) -> Figure:
+    """FlashAttention's traffic: a block of queries loaded once, blocks of keys
+    and values streamed through fast memory, the output block and its
+    logsumexp written once.
+
+    ``block_size`` defaults to the library's own
+    :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE`.
+    """
+    from softmaxbook import flash
+
+    bq, bk = flash.DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    n_q, n_k = max(1, math.ceil(seq_len / bq)), max(1, math.ceil(seq_len / bk))
+    fig, ax = canvas(
+        12,
+        9.6,
+        figsize=(6.4, 5.2),
+        title="FlashAttention: what travels between memories",
+    )
+    # main memory, left
+    box(ax, 0.1, 0.1, 5.3, 8.6, "", color=MUTED, fill=0.25)
+    text(ax, 2.75, 8.35, "main memory (HBM)", fontsize=10)
+    h = 6.6
+    names = [
+        ("Q", n_q, 1, PALETTE[0]),
+        ("K", n_k, 0, PALETTE[1]),
+        ("V", n_k, 0, PALETTE[1]),
+        ("O", n_q, 1, PALETTE[2]),
+    ]
+    col_w, gap, x0, y0 = 0.8, 0.35, 0.45, 1.3
+    centers = {}
+    for c, (name, nb, hi, color) in enumerate(names):
+        x = x0 + c * (col_w + gap)
+        bh = h / nb
+        for b in range(nb):
+            on = b == hi
+            box(
+                ax,
+                x,
+                y0 + h - (b + 1) * bh,
+                col_w,
+                bh,
+                "",
+                color=color,
+                fill=0.7 if on else 0.12,
+                rounded=False,
+            )
+        text(ax, x + col_w / 2, y0 - 0.35, name, fontsize=10)
+        centers[name] = (x + col_w, y0 + h - (hi + 0.5) * bh)
+    x_lse = x0 + 4 * (col_w + gap)
+    box(ax, x_lse, y0, 0.3, h, "", color=PALETTE[2], fill=0.12, rounded=False)
+    box(
+        ax,
+        x_lse,
+        y0 + h - 2 * h / n_q,
+        0.3,
+        h / n_q,
+        "",
+        color=PALETTE[2],
+        fill=0.7,
+        rounded=False,
+    )
+    text(ax, x_lse + 0.15, y0 - 0.35, "lse", fontsize=9)
+    # on chip, right
+    box(ax, 7.0, 0.1, 4.9, 8.6, "", color=PALETTE[3], fill=0.10)
+    text(ax, 9.45, 8.35, "on chip (fast memory)", fontsize=10)
+    bx, bw = 7.3, 4.4
+    box(
+        ax,
+        bx,
+        6.4,
+        bw,
+        1.25,
+        f"Q block, {bq} rows:\nloaded once",
+        color=PALETTE[0],
+        fontsize=9,
+    )
+    box(
+        ax,
+        bx,
+        4.7,
+        bw,
+        1.25,
+        f"K, V blocks, {bk} keys:\nstreamed, one per step",
+        color=PALETTE[1],
+        fontsize=9,
+    )
+    box(
+        ax,
+        bx,
+        3.0,
+        bw,
+        1.25,
+        f"scores tile {bq} \u00d7 {bk}:\nnever leaves the chip",
+        color=PALETTE[4],
+        fontsize=9,
+    )
+    box(
+        ax,
+        bx,
+        1.0,
+        bw,
+        1.5,
+        "m, \u2113, acc per row:\nO block and lse\nwritten once",
+        color=PALETTE[2],
+        fontsize=9,
+    )
+    arrow(ax, (5.45, 7.0), (bx, 7.0), "Q_i", color=PALETTE[0])
+    arrow(ax, (5.45, 5.3), (bx, 5.3), "K_j, V_j", color=PALETTE[1])
+    arrow(ax, (bx, 1.75), (5.45, 1.75), "O_i, lse_i", color=PALETTE[2])
+    text(ax, 2.75, 0.45, f"N = {seq_len}: {n_q} Q blocks, {n_k} KV blocks", fontsize=9)
+    return fig
+
+
+def ring_schedule(world_size: int) -> list[list[int]]:
+    """Which key/value block rank ``r`` holds at step ``t``: ``(r - t) % W``,
+    the rule of :mod:`softmaxbook.ring` (rank ``r`` sends to ``r + 1`` and
+    receives from ``r - 1``). Returns ``[rank][step]``."""
+    return [
+        [(r - t) % world_size for t in range(world_size)] for r in range(world_size)
+    ]
+
+
+def draw_ring_attention(world_size: int = 4) -> Figure:
+    """Ring attention: each process keeps its query block while the key/value
+    blocks rotate around the ring; each merges its partial results by
+    logsumexp."""
+    W = world_size
+    sched = ring_schedule(W)
+    fig, ax = canvas(
+        12, 8.6, figsize=(6.4, 4.8), title=f"Ring attention, {W} processes"
+    )
+    cx, cy, rad = 3.1, 4.3, 2.2
+    pos = []
+    for r in range(W):
+        ang = math.pi / 2 - 2 * math.pi * r / W
+        pos.append((cx + rad * math.cos(ang), cy + rad * math.sin(ang)))
+    for r, (x, y) in enumerate(pos):
+        box(
+            ax,
+            x - 0.85,
+            y - 0.55,
+            1.7,
+            1.1,
+            f"P{r}: Q{r}\nholds KV{sched[r][0]}",
+            color=PALETTE[r % len(PALETTE)],
+            fontsize=9,
+        )
+    for r in range(W):
+        (x0, y0), (x1, y1) = pos[r], pos[(r + 1) % W]
+        mx, my = (x0 + x1) / 2, (y0 + y1) / 2
+        # shorten along the chord so the arrow runs between the boxes
+        dx, dy = x1 - x0, y1 - y0
+        d = math.hypot(dx, dy)
+        s = 0.9 / d
+        arrow(ax, (x0 + dx * s, y0 + dy * s), (x1 - dx * s, y1 - dy * s))
+        if r == 0:
+            text(ax, mx + 0.55, my + 0.45, "send KV", fontsize=9)
+    # the schedule: which block each process holds at each step
+    gx, gy, size = 6.9, 2.6, 0.95
+    colors = [[PALETTE[b % len(PALETTE)] for b in row] for row in sched]
+    labels = [f"KV{b}" for row in sched for b in row]
+    tint = [[_light(c) for c in row] for row in colors]
+    cells(ax, tint, x=gx, y=gy, size=size, labels=labels, fontsize=9)
+    for t in range(W):
+        text(ax, gx + (t + 0.5) * size, gy + W * size + 0.3, f"{t}", fontsize=9)
+    text(ax, gx + W * size / 2, gy + W * size + 0.85, "step", fontsize=9)
+    for r in range(W):
+        text(ax, gx - 0.4, gy + (W - r - 0.5) * size, f"P{r}", fontsize=9)
+    text(
+        ax,
+        gx + W * size / 2,
+        gy - 0.5,
+        f"{W - 1} passes: every Q meets every KV",
+        fontsize=9,
+    )
+    text(
+        ax, 6.0, 0.9, "each step: attend Q_r to the block held, then merge", fontsize=9
+    )
+    text(
+        ax,
+        6.0,
+        0.3,
+        "\u03bb = log(e^\u03bb_a + e^\u03bb_b),  "
+        "\u014d = e^(\u03bb_a\u2212\u03bb) \u014d_a"
+        " + e^(\u03bb_b\u2212\u03bb) \u014d_b",
+        fontsize=9,
+        color=INK,
+    )
+    return fig
+
+
+def _light(color: str) -> str:
+    from matplotlib.colors import to_hex, to_rgb
+
+    r, g, b = to_rgb(color)
+    return to_hex((1 - 0.35 * (1 - r), 1 - 0.35 * (1 - g), 1 - 0.35 * (1 - b)))
