@@ -83,11 +83,11 @@ def stick_breaking(x: Tensor, dim: int = -1, *, attend_current: bool = True) -> 
 
     .. math::
 
-        A_{i,j} = \sigma(s_{i,j}) \prod_{j < k \le i'} \big(1 - \sigma(s_{i,k})\big),
-        \qquad i' = i \text{ (attend\_current=True)}, \quad
-        i' = i - 1 \text{ (False)},
+        A_{i,j} = \sigma(s_{i,j}) \prod_{j < k \le m} \big(1 - \sigma(s_{i,k})\big),
+        \qquad j \le m,
 
-    and :math:`A_{i,i} = 0` with ``attend_current=False``. With ``False``, the
+    with :math:`m = i` for ``attend_current=True`` and :math:`m = i - 1` for
+    ``False`` (then :math:`A_{i,i} = 0`). With ``False``, the
     last key along ``dim`` that is not ``-inf`` is taken to be the query's
     own and is removed (weight 0, nothing taken from the stick): on a row
     masked by :func:`~softmaxbook.causal_mask`, the diagonal. A row with one
