@@ -142,3 +142,71 @@ def draw_interleaved_layers(
         color=INK,
     )
     return fig
+
+
+def draw_mask_representations(
+    mask,
+    lts,
+    lte,
+    computed,
+    full,
+    *,
+    block: int,
+    title: str = "One mask, two compact forms",
+) -> Figure:
+    """A causal mask as FlashMask's column intervals and as a block mask's tiles.
+
+    Left: the ``(n, n)`` boolean ``mask``; cells on or below the diagonal that
+    it hides are orange, and under each column ``j`` are ``LTS_j`` and
+    ``LTE_j``, the hidden rows ``[LTS_j, LTE_j)``. Right: the tiles of
+    ``block x block`` pairs, from the block mask's ``computed`` and ``full``
+    maps: skipped, partial (the mask is evaluated inside) or full.
+    """
+    import numpy as np
+
+    grid = np.asarray(mask, dtype=bool)
+    n = grid.shape[0]
+    below = np.tril(np.ones((n, n), dtype=bool))
+    colors = np.where(grid, PALETTE[0], np.where(below, PALETTE[1], MUTED))
+    side, gap, bottom = 1.9, 2.5, 2.6
+    width = side + 2 * n + gap + 0.3
+    height = n + bottom + 1.4
+    fig, ax = canvas(width, height, figsize=(6.4, 6.4 * height / width), title=title)
+    cells(ax, colors, side, bottom)
+    text(
+        ax,
+        side + n / 2,
+        bottom + n + 0.6,
+        "FlashMask: hidden rows per column",
+        fontsize=10,
+    )
+    text(ax, side - 0.9, bottom + n / 2, "query i", rotation=90, fontsize=10)
+    for name, values, y in (("LTS", lts, bottom - 0.6), ("LTE", lte, bottom - 1.5)):
+        text(ax, side - 0.25, y, name, ha="right", fontsize=9)
+        for j, v in enumerate(values.tolist() if hasattr(values, "tolist") else values):
+            text(ax, side + j + 0.5, y, str(v), fontsize=9)
+    text(ax, side + n / 2, bottom - 2.3, "key j", fontsize=10)
+    comp = np.asarray(computed, dtype=bool).reshape(n // block, n // block)
+    ful = np.asarray(full, dtype=bool).reshape(n // block, n // block)
+    x0 = side + n + gap
+    tile_colors = np.where(ful, PALETTE[0], np.where(comp, "#9ecae1", MUTED))
+    cells(ax, tile_colors, x0, bottom, size=block)
+    for r in range(comp.shape[0]):
+        for c in range(comp.shape[1]):
+            label = "full" if ful[r, c] else ("partial" if comp[r, c] else "skip")
+            text(
+                ax,
+                x0 + (c + 0.5) * block,
+                bottom + (comp.shape[0] - r - 0.5) * block,
+                label,
+                fontsize=10,
+            )
+    text(
+        ax,
+        x0 + n / 2,
+        bottom + n + 0.6,
+        f"block mask: {block} x {block} tiles",
+        fontsize=10,
+    )
+    text(ax, x0 + n / 2, bottom - 0.6, "key block", fontsize=10)
+    return fig
