@@ -1,0 +1,165 @@
+"""What the backward pass of attention saves and what it recomputes.
+
+:func:`draw_attention_backward` draws the forward pass Q, K, V -> S -> P -> O,
+the tensors the autograd node keeps for the backward pass, and the backward
+pass itself. What is drawn as saved is read from the library: a small call
+of ``softmaxbook.flash_attention`` is made and its node's saved tensors are
+named by their shapes (:func:`saved_for_backward`), and the same is done for
+autograd through the textbook formula, which keeps the weights P.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+import softmaxbook as sb
+
+from ._draw import INK, MUTED, PALETTE, arrow, box, canvas, text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["saved_for_backward", "draw_attention_backward"]
+
+# Distinct sizes, so that every saved tensor is named by its shape alone.
+_L, _S, _D, _DV = 6, 10, 4, 3
+
+
+def _name(shape: tuple[int, ...]) -> str:
+    names = {
+        (_L, _D): "Q",
+        (_S, _D): "K",
+        (_D, _S): "K",  # K^T, kept by the product Q K^T
+        (_S, _DV): "V",
+        (_L, _DV): "O",
+        (_L,): "logsumexp",
+        (_L, _S): "P",
+    }
+    while len(shape) > 1 and shape[0] == 1:  # the library's flat (B*H) layout
+        shape = shape[1:]
+    return names.get(shape, "x".join(map(str, shape)))
+
+
+def _saved_tensors(grad_fn) -> list[torch.Tensor]:
+    """The saved tensors of the first node below ``grad_fn`` that has any."""
+    node = grad_fn
+    while node is not None and not hasattr(node, "saved_tensors"):
+        node = node.next_functions[0][0]
+    return [t for t in node.saved_tensors if t is not None]
+
+
+def saved_for_backward() -> dict[str, list[str]]:
+    """What each route keeps for the backward pass, named by shape.
+
+    ``"flash"``: the tensors the node of ``sb.flash_attention`` saves (no mask,
+    no sinks). ``"textbook"``: what autograd keeps through
+    ``softmax(Q K^T / sqrt(D)) V`` (the softmax node keeps its output P; the
+    products keep their operands).
+    """
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+        for shape in [(_L, _D), (_S, _D), (_S, _DV)]
+    )
+    out = sb.flash_attention(q, k, v)
+    flash = [_name(tuple(t.shape)) for t in _saved_tensors(out.grad_fn)]
+
+    out_textbook = torch.softmax(q @ k.T / _D**0.5, dim=-1) @ v
+    textbook: list[str] = []
+    stack = [out_textbook.grad_fn]
+    while stack:  # every tensor any node of the graph keeps
+        node = stack.pop()
+        if node is None:
+            continue
+        for attr in dir(node):
+            if attr.startswith("_saved_") and not attr.endswith(("sizes", "strides")):
+                value = getattr(node, attr)
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    textbook.append(_name(tuple(value.shape)))
+        stack.extend(fn for fn, _ in node.next_functions)
+    return {"flash": flash, "textbook": sorted(set(textbook), key=textbook.index)}
+
+
+def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure:
+    """Forward pass, saved tensors and backward pass of one attention head.
+
+    ``saved`` is :func:`saved_for_backward`'s result (computed when None).
+    Top: the forward pass. Middle: what the FlashAttention node keeps (linear
+    in the sequence length) against the L x S weights that autograd of the
+    textbook formula keeps. Bottom: the backward pass, which rebuilds P from
+    Q, K and the logsumexp.
+    """
+    saved = saved_for_backward() if saved is None else saved
+    flash = saved["flash"]
+    fig, ax = canvas(20, 13.4, figsize=(7.2, 4.9), title="")
+    blue, orange, green, red = PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3]
+
+    # Forward pass, top band.
+    text(ax, 0.2, 12.7, "forward", ha="left", fontsize=11, color=blue)
+    for i, name in enumerate(["Q", "K", "V"]):
+        box(ax, 0.3 + 1.5 * i, 10.3, 1.2, 1.2, name, color=blue)
+    box(ax, 5.6, 10.3, 3.6, 1.2, r"$S = \tau\,QK^\top$", color=blue)
+    box(ax, 10.6, 10.3, 3.9, 1.2, r"$P = \mathrm{softmax}(S)$", color=blue)
+    box(ax, 15.9, 10.3, 3.2, 1.2, r"$O = PV$", color=blue)
+    arrow(ax, (4.6, 10.9), (5.6, 10.9))
+    arrow(ax, (9.2, 10.9), (10.6, 10.9))
+    arrow(ax, (14.5, 10.9), (15.9, 10.9))
+    text(ax, 7.4, 9.8, r"$L \times S$", fontsize=9)
+    text(ax, 12.55, 9.8, r"$L \times S$", fontsize=9)
+    text(ax, 17.5, 9.8, r"$L \times D_v$", fontsize=9)
+
+    # Saved for the backward pass, middle band.
+    text(
+        ax,
+        0.2,
+        8.8,
+        "saved by the FlashAttention node",
+        ha="left",
+        fontsize=10,
+        color=green,
+    )
+    x = 0.3
+    for name in flash:
+        w = 3.2 if name == "logsumexp" else 1.2
+        label = r"$\lambda$ (per row)" if name == "logsumexp" else name
+        box(ax, x, 7.0, w, 1.2, label, color=green, fill=0.3)
+        x += w + 0.3
+    text(ax, x + 0.1, 7.6, "grows like L + S", ha="left", fontsize=9, color=green)
+    kept_p = "P" in saved["textbook"]
+    box(ax, 15.0, 6.7, 4.6, 1.8, "", color=red, fill=0.12)
+    text(ax, 17.3, 7.95, "textbook autograd", fontsize=9, color=red)
+    text(
+        ax,
+        17.3,
+        7.25,
+        ("also keeps P: " if kept_p else "keeps: ") + r"$L \times S$",
+        fontsize=9,
+        color=red,
+    )
+
+    # Backward pass, bottom band.
+    text(ax, 0.2, 5.7, "backward (given dO)", ha="left", fontsize=11, color=orange)
+    box(ax, 0.3, 3.4, 6.0, 1.3, r"$P = e^{\tau QK^\top - \lambda}$", color=orange)
+    text(ax, 3.3, 2.9, "recomputed, tile by tile", fontsize=9, color=orange)
+    box(ax, 7.4, 4.0, 5.2, 1.1, r"$dV = P^\top dO$", color=orange)
+    box(ax, 7.4, 2.6, 5.2, 1.1, r"$dP = dO\,V^\top$", color=orange)
+    box(ax, 7.4, 0.4, 5.2, 1.5, r"$\delta = \mathrm{rowsum}(dO \circ O)$", color=orange)
+    box(ax, 13.7, 2.3, 5.9, 1.3, r"$dS = P \circ (dP - \delta)$", color=orange)
+    box(ax, 13.7, 0.2, 2.8, 1.3, r"$dQ = \tau\,dS\,K$", color=orange)
+    box(ax, 16.8, 0.2, 2.8, 1.3, r"$dK = \tau\,dS^\top Q$", color=orange)
+    arrow(ax, (6.3, 4.1), (7.4, 4.5))
+    arrow(ax, (6.3, 4.0), (13.7, 3.3))
+    arrow(ax, (12.6, 3.15), (13.7, 2.95))
+    arrow(ax, (12.6, 1.2), (13.7, 2.5))
+    arrow(ax, (15.1, 2.3), (15.1, 1.5))
+    arrow(ax, (18.2, 2.3), (18.2, 1.5))
+
+    # The saved tensors feed the backward pass.
+    arrow(ax, (3.3, 7.0), (3.3, 4.7), color=green, linestyle="--")
+    text(ax, 12.3, 6.25, "the backward reads only these", fontsize=9, color=green)
+    ax.plot([0.3, 19.7], [9.3, 9.3], color=MUTED, linewidth=1)
+    ax.plot([0.3, 19.7], [6.05, 6.05], color=MUTED, linewidth=1)
+    ax.set_title("What the attention backward saves and recomputes", color=INK)
+    return fig
