@@ -18,7 +18,12 @@ from ._draw import INK, MUTED, PALETTE, box, canvas, cells, text
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["gallery_masks", "draw_mask_gallery", "draw_interleaved_layers"]
+__all__ = [
+    "gallery_masks",
+    "draw_mask_gallery",
+    "draw_interleaved_layers",
+    "draw_mask_representations",
+]
 
 
 def gallery_masks(
@@ -209,4 +214,5 @@ def draw_mask_representations(
         fontsize=10,
     )
     text(ax, x0 + n / 2, bottom - 0.6, "key block", fontsize=10)
+    text(ax, x0 - 0.6, bottom + n / 2, "query block", rotation=90, fontsize=10)
     return fig
