@@ -1,0 +1,240 @@
+"""A small GPT trained for a few steps with each attention: time per step against torch.
+
+Instructors swap the library's attention into their own small models and train
+them on laptops, so this is where its speed is felt. The model is a GPT in the
+style of nanoGPT (2 layers, 4 heads, n_embd 64, pre-LayerNorm, GELU MLP, learned
+positions), trained with AdamW on a batch of 8 fixed random token sequences. Every
+attention gets its own copy of one initialization and sees the same batches:
+
+- ``torch``: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``
+- ``sb.sdpa``: ``sb.scaled_dot_product_attention(is_causal=True)``
+- ``sb.flash``: ``sb.flash_attention(is_causal=True)``
+
+and the same three with a padding mask (the last quarter of every other sequence
+is padding, combined with the causal mask as one boolean ``(B, 1, T, T)`` mask),
+compared with ``torch+pad``. The steps of all six take turns (the order rotating
+from one step to the next), so that a change in the machine's load hits them
+alike; the table shows the median time per step (the first step, which pays for
+allocations, is not counted) and its ratio to torch's with the same mask. Before
+the table is trusted, the loss trajectories are compared: every step's loss must
+agree with torch's to ``--loss-tol``.
+
+    python benchmarks/training_step.py                   # T = 64, 256, 1024
+    python benchmarks/training_step.py --lengths 64 --steps 30
+
+One torch thread by default (``--threads``), as on a busy laptop core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import softmaxbook as sb
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VOCAB, N_LAYER, N_HEAD, N_EMBD, BATCH = 65, 2, 4, 64, 8
+#: Steps per sequence length (the first is a warm-up and not timed).
+DEFAULT_STEPS = {64: 30, 256: 16, 1024: 8}
+
+
+def _torch(q, k, v, mask):
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _sb_sdpa(q, k, v, mask):
+    if mask is None:
+        return sb.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return sb.scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+def _sb_flash(q, k, v, mask):
+    if mask is None:
+        return sb.flash_attention(q, k, v, is_causal=True)
+    return sb.flash_attention(q, k, v, mask=mask)
+
+
+ATTENTIONS = {"torch": _torch, "sb.sdpa": _sb_sdpa, "sb.flash": _sb_flash}
+
+
+class Block(nn.Module):
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+        self.ln1, self.ln2 = nn.LayerNorm(N_EMBD), nn.LayerNorm(N_EMBD)
+        self.qkv, self.proj = nn.Linear(N_EMBD, 3 * N_EMBD), nn.Linear(N_EMBD, N_EMBD)
+        self.mlp = nn.Sequential(
+            nn.Linear(N_EMBD, 4 * N_EMBD), nn.GELU(), nn.Linear(4 * N_EMBD, N_EMBD)
+        )
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        qkv = self.qkv(self.ln1(x)).view(B, T, 3, N_HEAD, C // N_HEAD)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
+        y = self.attention(q, k, v, mask).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, attention, length):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, N_EMBD)
+        self.pos = nn.Embedding(length, N_EMBD)
+        self.blocks = nn.ModuleList(Block(attention) for _ in range(N_LAYER))
+        self.ln = nn.LayerNorm(N_EMBD)
+        self.head = nn.Linear(N_EMBD, VOCAB, bias=False)
+
+    def forward(self, idx, mask=None):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.ln(x))
+
+
+def _padding(length):
+    """The causal mask with the last quarter of every other sequence padded:
+    ``(B, 1, T, T)`` boolean (True = may attend), and the targets' weights."""
+    lengths = [length if b % 2 == 0 else length - length // 4 for b in range(BATCH)]
+    keys = sb.padding_mask(lengths, length)  # (B, T)
+    mask = sb.causal_mask(length) & keys[:, None, None, :]  # (B, 1, T, T)
+    # A padded query still sees the real keys before it, so no row is empty.
+    return mask, keys
+
+
+def _step(model, optimizer, idx, targets, mask, keep):
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(idx, mask)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    loss = (
+        (loss * keep.flatten()).sum() / keep.sum() if keep is not None else loss.mean()
+    )
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def run_length(length: int, steps: int, variants: list[str]) -> dict:
+    g = torch.Generator().manual_seed(length)
+    data = torch.randint(0, VOCAB, (steps, BATCH, length + 1), generator=g)
+    mask, keys = _padding(length)
+    runs = {}
+    for name in variants:
+        base, padded = name.removesuffix("+pad"), name.endswith("+pad")
+        torch.manual_seed(0)  # one initialization for every attention
+        model = GPT(ATTENTIONS[base], length)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        runs[name] = {
+            "model": model,
+            "optimizer": optimizer,
+            "mask": mask if padded else None,
+            "keep": keys.float() if padded else None,
+            "losses": [],
+            "times": [],
+        }
+    for step in range(steps):
+        idx, targets = data[step, :, :-1], data[step, :, 1:]
+        shift = step % len(variants)
+        for name in variants[shift:] + variants[:shift]:
+            r = runs[name]
+            start = time.perf_counter()
+            loss = _step(r["model"], r["optimizer"], idx, targets, r["mask"], r["keep"])
+            r["times"].append(time.perf_counter() - start)
+            r["losses"].append(loss)
+    return {
+        name: {
+            "step_s": statistics.median(r["times"][1:]),
+            "losses": r["losses"],
+        }
+        for name, r in runs.items()
+    }
+
+
+def _load() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+        return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
+    except OSError:  # pragma: no cover - not on every platform
+        return "load average unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per length (default: 30, 16, 8)"
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--loss-tol", type=float, default=1e-4)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[
+            "torch",
+            "sb.sdpa",
+            "sb.flash",
+            "torch+pad",
+            "sb.sdpa+pad",
+            "sb.flash+pad",
+        ],
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(sb.machine_info())
+    print(
+        f"GPT: {N_LAYER} layers, {N_HEAD} heads, n_embd {N_EMBD}, batch {BATCH}, "
+        f"vocab {VOCAB}, AdamW, float32, CPU; {torch.get_num_threads()} torch "
+        f"thread(s); {_load()}"
+    )
+    print(
+        f"{'T':>5} {'attention':<13} {'steps':>5} {'ms/step':>9} {'x torch':>8} "
+        f"{'max |loss - torch|':>19}"
+    )
+    rows = []
+    for length in args.lengths:
+        steps = args.steps or DEFAULT_STEPS.get(length, 8)
+        result = run_length(length, steps, list(args.variants))
+        for name, r in result.items():
+            ref = result["torch+pad" if name.endswith("+pad") else "torch"]
+            diff = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
+            ratio = r["step_s"] / ref["step_s"]
+            rows.append(
+                {
+                    "length": length,
+                    "attention": name,
+                    "steps": steps,
+                    "step_s": r["step_s"],
+                    "ratio_to_torch": ratio,
+                    "max_loss_diff": diff,
+                    "final_loss": r["losses"][-1],
+                }
+            )
+            print(
+                f"{length:>5} {name:<13} {steps:>5} {r['step_s'] * 1e3:>9.2f} "
+                f"{ratio:>8.3f} {diff:>19.2e}",
+                flush=True,
+            )
+            if not math.isfinite(diff) or diff > args.loss_tol:
+                raise SystemExit(
+                    f"{name} at T={length}: the losses differ from torch's by "
+                    f"{diff:.2e} > {args.loss_tol:.0e}; the timings compare "
+                    "different work"
+                )
+    print("After:", _load())
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "training_step.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
