@@ -121,7 +121,7 @@ def draw_output_layer(
         f"min-p, p = {min_p}" if min_p is not None else "",
     ]
     rows = [
-        (f"hidden state h\n(D = {D})", None, PALETTE[7]),
+        (f"hidden state h\n(D = {D})", None, PALETTE[4]),
         (f"LM head: z = W h\nW is V x D = {V} x {D}", st["logits"], PALETTE[0]),
         (f"divide by the\ntemperature T = {temperature:g}", st["tempered"], PALETTE[0]),
         ("filter:\n" + ", ".join(f for f in filters if f), st["filtered"], PALETTE[1]),
@@ -156,7 +156,7 @@ def draw_output_layer(
                         (x0 + j * w, y),
                         w,
                         size,
-                        facecolor=_light(PALETTE[7]),
+                        facecolor=_light(PALETTE[4]),
                         edgecolor="white",
                         linewidth=1.0,
                     )
@@ -287,12 +287,31 @@ def draw_draft_tree(
     ax1.set_ylim(-0.3, levels + 1.2)
     ax1.axis("off")
     ax1.set_title("A draft tree")
+    # each node straight above its children: the leaves take equal slots in
+    # depth-first order, and a parent sits at the mean of its children
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(i)
+    order: list[int] = []
+
+    def visit(i: int) -> None:
+        order.append(i)
+        for c in children[i]:
+            visit(c)
+
+    for i in range(n):
+        if parents[i] < 0:
+            visit(i)
+    leaves = [i for i in order if not children[i]]
     xs = [0.0] * n
-    for d in range(levels):
-        members = [i for i in range(n) if depth[i] == d]
-        for j, i in enumerate(members):
-            xs[i] = 4 * (j + 0.5) / len(members)
-    root = (2.0, levels + 0.5)
+    for j, i in enumerate(leaves):
+        xs[i] = 4 * (j + 0.5) / len(leaves)
+    for i in reversed(order):  # children before their parents
+        if children[i]:
+            xs[i] = sum(xs[c] for c in children[i]) / len(children[i])
+    firsts = [xs[i] for i in range(n) if parents[i] < 0]  # the root's children
+    root = (sum(firsts) / len(firsts), levels + 0.5)
     box(
         ax1,
         root[0] - 0.7,
@@ -322,15 +341,16 @@ def draw_draft_tree(
             fontsize=10,
         )
     # right: the mask
-    ax2.set_xlim(-0.2, prefix + n + 0.2)
-    ax2.set_ylim(-1.2, n + 1.6)
+    ax2.set_xlim(-2.0, prefix + n + 0.2)
+    ax2.set_ylim(-1.2, n + 2.0)
     ax2.set_aspect("equal")
     ax2.axis("off")
     ax2.set_title("Its tree-attention mask")
     cells(ax2, mask.numpy(), 0, 0, on=PALETTE[0], off=MUTED)
-    for j, w in enumerate(list(prefix_words) + [f"{i}" for i in range(n)]):
-        text(ax2, j + 0.5, n + 0.35, w, fontsize=9, rotation=90, va="bottom")
+    names = [f"{i}: {w}" for i, w in enumerate(words)]
+    for j, w in enumerate(list(prefix_words) + names):
+        text(ax2, j + 0.5, n + 0.15, w, fontsize=9, rotation=90, va="bottom")
     for i in range(n):
-        text(ax2, -0.1, n - 0.5 - i, f"{i}", fontsize=9, ha="right")
+        text(ax2, -0.1, n - 0.5 - i, names[i], fontsize=9, ha="right")
     text(ax2, (prefix + n) / 2, -0.6, "row i: what node i attends to", fontsize=9)
     return fig
