@@ -14,6 +14,10 @@ the one-time costs (imports, thread pools, BLAS buffers).
     python benchmarks/attention.py          # N = 512 ... 8192, B*H = 8, D = 64
     python benchmarks/attention.py --quick  # N = 512 ... 2048, one round
 
+It also measures grouped-query attention with a mask (``enable_gqa=True``): the
+peak extra memory with shared key and value heads against that with the heads
+repeated first, next to the size of one repeated copy of K (``attention_gqa.json``).
+
 Prints the machine and its load, a table, the targets at N = 4096 (issue 12) and
 whether each is met, and saves ``benchmarks/results/attention.json`` and a plot,
 ``benchmarks/results/attention.png``. Naive attention is not run where its
@@ -39,6 +43,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("naive", "sdpa", "flash")
 PASSES = ("forward", "forward+backward")
 BH, D = 8, 64
+# Grouped-query attention with a mask: query heads per key head, new queries.
+GQA_METHODS, GQA_GROUPS, GQA_L = ("gqa", "repeated"), 4, 16
 LABELS = {
     "naive": "naive (scores materialized)",
     "sdpa": "torch SDPA",
@@ -80,10 +86,83 @@ def _naive_score_gib(n: int, passes: str) -> float:
     return copies * BH * n * n * 4 / 2**30
 
 
+def gqa_worker(method: str, n: int, repeats: int) -> dict:
+    """Grouped-query attention with a mask in this (fresh) process: ``"gqa"`` shares
+    each key and value head between GQA_GROUPS query heads (``enable_gqa=True``),
+    ``"repeated"`` first repeats them (``repeat_kv_heads``), as GQA with a mask once
+    did inside flash_attention. Median time and peak extra memory of the forward."""
+    import torch
+
+    import softmaxbook as sb
+
+    def inputs(s):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, BH, GQA_L, D, generator=g)
+        k, v = (torch.randn(1, BH // GQA_GROUPS, s, D, generator=g) for _ in range(2))
+        mask = torch.rand(1, BH, GQA_L, s, generator=g) > 0.1
+        return q, k, v, mask
+
+    def call(q, k, v, mask):
+        with torch.inference_mode():
+            if method == "repeated":
+                k, v = (sb.repeat_kv_heads(t, GQA_GROUPS) for t in (k, v))
+                return sb.flash_attention(q, k, v, mask=mask)
+            return sb.flash_attention(q, k, v, mask=mask, enable_gqa=True)
+
+    call(*inputs(128))  # one-time costs, on a tiny problem
+    args = inputs(n)
+    before = _status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    result = call(*args)
+    peak = _status_kib("VmHWM")
+    del result
+    return {
+        "method": method,
+        "n": n,
+        "time_s": median_seconds(lambda: call(*args), repeats),
+        "peak_extra_mib": max(peak - before, 0) / 1024,
+    }
+
+
+def gqa_report(sizes, rounds: int, repeats: int) -> list[dict]:
+    """Peak extra memory of GQA with a mask: shared heads against repeated ones."""
+    copy_mib = {n: BH * n * D * 4 / 2**20 for n in sizes}  # one repeated K or V
+    print(
+        f"\nGrouped-query attention with a boolean mask, forward: {BH} query heads "
+        f"sharing {BH // GQA_GROUPS} key and value heads, L = {GQA_L} new queries, "
+        f"D = {D}, float32; medians over {rounds} round(s)"
+    )
+    print(f"{'S':>6} {'method':>9} {'median s':>9} {'peak extra MiB':>15} "
+          f"{'one repeated K MiB':>19}")  # fmt: skip
+    rows = []
+    for n in sizes:
+        runs = {m: [] for m in GQA_METHODS}
+        for _ in range(rounds):
+            for method in GQA_METHODS:
+                runs[method].append(run_fresh(method, "forward", n, repeats))
+        for method in GQA_METHODS:
+            row = {
+                "method": method,
+                "n": n,
+                "time_s": statistics.median(r["time_s"] for r in runs[method]),
+                "peak_extra_mib": statistics.median(
+                    r["peak_extra_mib"] for r in runs[method]
+                ),
+                "repeated_copy_mib": copy_mib[n],
+            }
+            rows.append(row)
+            print(f"{n:>6} {method:>9} {row['time_s']:>9.4f} "
+                  f"{row['peak_extra_mib']:>15.1f} {copy_mib[n]:>19.1f}",
+                  flush=True)  # fmt: skip
+    return rows
+
+
 def worker(method: str, passes: str, n: int, repeats: int) -> dict:
     """One configuration in this (fresh) process: median time and peak extra memory."""
     import torch
 
+    if method in GQA_METHODS:
+        return gqa_worker(method, n, repeats)
     fn = _attention_fn(method)
     g = torch.Generator().manual_seed(0)
     q, k, v, grad_out = (torch.randn(1, BH, n, D, generator=g) for _ in range(4))
@@ -249,10 +328,12 @@ def main() -> None:
                     f"{row['peak_extra_mib']:>15.1f}",
                     flush=True,
                 )
+    gqa_rows = gqa_report(sizes, rounds, args.repeats or (1 if args.quick else 3))
     print("After:", _load())
     _targets(rows, sizes)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "attention.json").write_text(json.dumps(rows, indent=1))
+    (RESULTS / "attention_gqa.json").write_text(json.dumps(gqa_rows, indent=1))
     _plot(rows, sizes)
     print(f"Saved {RESULTS / 'attention.png'}")
     if torch.cuda.is_available() and __import__("softmaxbook").triton_available():

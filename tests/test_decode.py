@@ -168,3 +168,21 @@ def test_split_k_bad_input():
         sb.split_k_attention(
             q, k[:, :1].expand(2, 3, 300, 16), v, splits=2, enable_gqa=True
         )
+
+
+def test_split_k_bfloat16_error_is_flat_in_the_number_of_splits():
+    # The partial outputs stay in float32 through the merges and are rounded to
+    # bfloat16 once, at the end (as Flash-Decoding does): the error against exact
+    # attention is one rounding of the output, whatever the number of splits.
+    q, k, v = (
+        t.bfloat16() for t in _cache(B=1, L=1, S=4096, D=64, dtype=torch.float32)
+    )
+    exact = sb.flash_attention(*(t.double() for t in (q, k, v)), enable_gqa=True)
+    one_rounding = (exact.bfloat16().double() - exact).abs().max().item()
+    errors = {}
+    for splits in (1, 2, 512):
+        out = sb.split_k_attention(q, k, v, splits=splits, enable_gqa=True)
+        assert out.dtype == torch.bfloat16
+        errors[splits] = (out.double() - exact).abs().max().item()
+    assert errors[512] <= 1.5 * min(errors[1], errors[2]), errors
+    assert max(errors.values()) <= 1.5 * one_rounding, (errors, one_rounding)

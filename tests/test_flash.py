@@ -699,3 +699,51 @@ def test_unknown_alignment_is_refused():
     q, k, v = _qkv(2, 3)
     with pytest.raises(ValueError, match="is_causal='bottom_left' is unknown"):
         sb.flash_attention(q, k, v, is_causal="bottom_left")
+
+
+def _largest_allocation(fn) -> int:
+    """The most bytes one CPU operator allocated while ``fn`` ran (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max(
+        (e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0),
+        default=0,
+    )
+
+
+def test_gqa_with_a_mask_does_not_repeat_the_keys_and_values():
+    # Grouped-query attention with a mask: the query heads that share a key head are
+    # stacked as rows, with the mask's rows, so each key and value head is read where
+    # it lies, never copied once per query head into a (B, Hq, S, D) tensor.
+    g = torch.Generator().manual_seed(0)
+    B, hq, hkv, L, S, D = 1, 8, 2, 4, 2048, 64
+    q = torch.randn(B, hq, L, D, generator=g)
+    k, v = (torch.randn(B, hkv, S, D, generator=g) for _ in range(2))
+    mask = torch.rand(B, hq, L, S, generator=g) > 0.2
+    call = sb.flash._prepare(q, k, v, mask, False, None, 64, True, None)
+    assert call.problem.k.shape == (B * hkv, S, D)
+    assert call.problem.k.data_ptr() == k.data_ptr()  # a view of the cache
+    assert call.problem.v.data_ptr() == v.data_ptr()
+    repeated = B * hq * S * D * k.element_size()  # one repeated copy of k or v
+    flash = _largest_allocation(
+        lambda: sb.flash_attention(q, k, v, mask=mask, enable_gqa=True)
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # split-K's chunks then run here, where the profiler is
+    try:
+        split_k = _largest_allocation(
+            lambda: sb.split_k_attention(q, k, v, splits=4, mask=mask, enable_gqa=True)
+        )
+    finally:
+        torch.set_num_threads(threads)
+    # A tile of scores or the output is all that may be allocated at once: far less
+    # than a repeated copy of the keys (or of a split's quarter of them).
+    assert flash < repeated / 16 and split_k < repeated / 16, (flash, split_k)
+    torch.testing.assert_close(
+        sb.flash_attention(q, k, v, mask=mask, enable_gqa=True),
+        sb.flash_attention(
+            q, sb.repeat_kv_heads(k, 4), sb.repeat_kv_heads(v, 4), mask=mask
+        ),
+    )

@@ -120,3 +120,22 @@ def test_merge_gradcheck():
     ] * 2
     args = [a.clone().requires_grad_() for a in args]
     assert torch.autograd.gradcheck(sb.merge_attention_states, tuple(args))
+
+
+def test_merge_keeps_float32_states_when_asked():
+    # Partial states of bfloat16 attention merge in float32; with out_dtype the
+    # merged output stays in float32, so a chain of merges rounds only once.
+    g = torch.Generator().manual_seed(3)
+    out_a, out_b = (torch.randn(2, 5, 8, generator=g).bfloat16() for _ in range(2))
+    lse_a, lse_b = (torch.randn(2, 5, generator=g) for _ in range(2))
+    out, lse = sb.merge_attention_states(
+        out_a, lse_a, out_b, lse_b, out_dtype=torch.float32
+    )
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    out32, _ = sb.merge_attention_states(out_a.float(), lse_a, out_b.float(), lse_b)
+    torch.testing.assert_close(out, out32, rtol=0, atol=0)
+    rounded, _ = sb.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    assert rounded.dtype == torch.bfloat16  # the default: the dtype of out_a
+    torch.testing.assert_close(rounded, out32.bfloat16(), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="out_dtype must be a floating"):
+        sb.merge_attention_states(out_a, lse_a, out_b, lse_b, out_dtype=torch.int32)

@@ -99,3 +99,23 @@ def test_a_failing_rank_is_reported_not_hung():
         sb.run_ring_attention(
             q[..., :8, :], k, v, world_size=2, is_causal=True, timeout=TIMEOUT
         )
+
+
+def test_bfloat16_inputs_give_bfloat16_results_rounded_once():
+    # bfloat16 blocks once crashed the workers (a .numpy() call on a bfloat16
+    # tensor); and each rank should merge its partial results in float32 and round
+    # once at the end, so the output is as close to exact attention as one rounding.
+    q, k, v, grad_out = (t.bfloat16() for t in _inputs(96, d=16, seed=2))
+    run = sb.run_ring_attention(
+        q, k, v, world_size=4, grad_out=grad_out, timeout=TIMEOUT
+    )
+    assert run.out.dtype == torch.bfloat16
+    assert [g.dtype for g in run.grads] == [torch.bfloat16] * 3
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    exact = sb.flash_attention(*leaves)
+    one_rounding = (exact.bfloat16().double() - exact).abs().max()
+    assert (run.out.double() - exact).abs().max() <= 1.5 * one_rounding
+    exact_grads = torch.autograd.grad(exact, leaves, grad_out.double())
+    for ring_grad, grad in zip(run.grads, exact_grads, strict=True):
+        rounding = (grad.bfloat16().double() - grad).abs().max()
+        assert (ring_grad.double() - grad).abs().max() <= 2 * rounding

@@ -183,11 +183,26 @@ def split_k_attention(
     S = k.shape[-2] if k.dim() >= 2 else 0
     bounds = _chunks(S, splits)
     kw = {"scale": scale, "enable_gqa": enable_gqa, "return_lse": True}
+    # The partial outputs stay in float32 (float64 for float64 input) through the
+    # merges and are rounded to q's dtype once, at the end, as Flash-Decoding does:
+    # rounding each one would add a rounding error per level of the merge tree. So
+    # each chunk is attended in that dtype (for half-precision input, a float32
+    # copy of the chunk's keys and values while it is attended).
+    acc = None  # mixed or integer dtypes: flash_attention refuses them below
+    if (
+        isinstance(v, Tensor)
+        and q.is_floating_point()
+        and q.dtype == k.dtype == v.dtype
+    ):
+        acc = torch.promote_types(q.dtype, torch.float32)
+    q_acc = q if acc is None else q.to(acc)
 
     def part(start, stop):
         m = None if mask is None else mask[..., start:stop]
         ks, vs = k[..., start:stop, :], v[..., start:stop, :]
-        return flash_attention(q, ks, vs, mask=m, **kw)
+        if acc is not None:
+            ks, vs = ks.to(acc), vs.to(acc)
+        return flash_attention(q_acc, ks, vs, mask=m, **kw)
 
     parts = _in_parallel(part, bounds)
     while len(parts) > 1:  # a tree: pairs, then pairs of pairs

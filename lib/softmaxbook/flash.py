@@ -165,8 +165,11 @@ def _prepare(q, k, v, mask, is_causal, scale, block_size, enable_gqa, sinks) -> 
     batch, scale, keep = check_attention_args(q, k, v, mask, align is not None, scale)
     block_q, block_k = _block_sizes(block_size)
     L, S = q.shape[-2], k.shape[-2]
+    # Fold the trailing batch dimension into the rows when the keys broadcast along
+    # it: always without a mask, and with one for grouped query heads, whose mask
+    # rows fold with them, so that shared key heads are read, never repeated.
     fold = (
-        keep is None
+        (keep is None or grouped > 1)
         and len(batch) > 0
         and batch[-1] > 1
         and q.dim() >= 3
@@ -177,7 +180,7 @@ def _prepare(q, k, v, mask, is_causal, scale, block_size, enable_gqa, sinks) -> 
     if keep is not None:
         # A view when the mask's batch strides allow it (a shared (L, S) mask, or a
         # full one); otherwise a copy of the mask.
-        keep = keep.reshape(layout.BH, L, S)
+        keep = keep.reshape(layout.BH, layout.R, S)
     causal = None
     if align is not None:
         causal = _tiles.Causal(L, 0 if align == "top_left" else S - L)

@@ -58,7 +58,12 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
 
 
 def merge_attention_states(
-    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
+    out_a: Tensor,
+    lse_a: Tensor,
+    out_b: Tensor,
+    lse_b: Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Merge two partial attention results over disjoint key sets into one.
 
@@ -81,7 +86,13 @@ def merge_attention_states(
     Shapes: ``out_a``, ``out_b`` are ``(..., L, Dv)``; ``lse_a``, ``lse_b``
     are ``(..., L)``, as returned by ``flash_attention(..., return_lse=True)``.
     The result is ``(out, lse)`` with those shapes (batch dimensions
-    broadcast); ``out`` has the dtype of ``out_a``.
+    broadcast); ``out`` has the dtype of ``out_a``, or ``out_dtype``. The
+    merge itself runs in float32 at least.
+
+    To merge many partial results of half-precision attention, keep the
+    states in float32 (``out_dtype=torch.float32``) and round once at the
+    end, as Flash-Decoding does: rounding each merged output to bfloat16
+    adds one rounding error per merge.
 
     Equivalent to ``(w_a * out_a + w_b * out_b, lse)`` with
     ``lse = torch.logaddexp(lse_a, lse_b)`` and ``w = torch.exp(lse_x - lse)[...,
@@ -90,10 +101,17 @@ def merge_attention_states(
     Raises
     ------
     TypeError
-        If an argument is not a floating tensor.
+        If an argument is not a floating tensor, or ``out_dtype`` is not a
+        floating-point ``torch.dtype``.
     ValueError
         If the shapes do not fit together.
     """
+    if out_dtype is not None and not (
+        isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point
+    ):
+        raise TypeError(
+            f"out_dtype must be a floating-point torch.dtype or None, got {out_dtype!r}"
+        )
     for name, t in (
         ("out_a", out_a),
         ("lse_a", lse_a),
@@ -138,4 +156,4 @@ def merge_attention_states(
         (wb / denom).unsqueeze(-1),
     )  # sum to 1
     out = out_a.to(acc) * share_a + out_b.to(acc) * share_b
-    return out.to(out_a.dtype), lse
+    return out.to(out_a.dtype if out_dtype is None else out_dtype), lse

@@ -108,7 +108,7 @@ def ring_attention(
                 f"{[tuple(g.tolist()) for g in gathered]}"
             )
     out, _ = _RingAttention.apply(q, k, v, is_causal, scale, group, block_size)
-    return out
+    return out.to(q.dtype)  # the one rounding of a half-precision result
 
 
 def _world(group) -> int:
@@ -152,10 +152,18 @@ class _Ring:
 
 
 class _RingAttention(torch.autograd.Function):
+    """The ring's forward and backward passes. The blocks travel in their own dtype;
+    each step computes in float32 at least (float64 stays float64), and the partial
+    outputs and logsumexps stay in that dtype through the merges, so a half-precision
+    output is rounded once, by the caller, not once per merge (as Flash-Decoding
+    keeps its partial results in float32)."""
+
     @staticmethod
     def forward(q, k, v, is_causal, scale, group, block_size):
         ring = _Ring(group)
         kw = {"scale": scale, "block_size": block_size, "return_lse": True}
+        acc = torch.promote_types(q.dtype, torch.float32)
+        q_acc = q.to(acc)
         blocks = [k.contiguous(), v.contiguous()]
         out = lse = None
         for step in range(ring.world):
@@ -165,7 +173,10 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.start(blocks) if step < ring.world - 1 else None
             if not is_causal or src <= ring.rank:  # later blocks: all masked
                 o, lse_o = flash_attention(
-                    q, *blocks, is_causal=is_causal and src == ring.rank, **kw
+                    q_acc,
+                    *(b.to(acc) for b in blocks),
+                    is_causal=is_causal and src == ring.rank,
+                    **kw,
                 )
                 if out is None:
                     out, lse = o, lse_o
@@ -190,6 +201,7 @@ class _RingAttention(torch.autograd.Function):
         ring = _Ring(group)
         kw = {"scale": scale, "block_size": block_size}
         acc = torch.promote_types(q.dtype, torch.float32)
+        q_acc, grad_out = q.to(acc), grad_out.to(acc)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         blocks = [k.contiguous(), v.contiguous()]
         grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (k, v)]
@@ -200,7 +212,7 @@ class _RingAttention(torch.autograd.Function):
                 # This block's share of the gradients: the weights come from the
                 # merged logsumexp, so no other block is needed.
                 dq_s, dk_s, dv_s = flash_attention_backward(
-                    q, *blocks, out, lse, grad_out,
+                    q_acc, *(b.to(acc) for b in blocks), out, lse, grad_out,
                     is_causal=is_causal and src == ring.rank, **kw,
                 )  # fmt: skip
                 dq += dq_s
@@ -389,6 +401,12 @@ def _reset_peak() -> bool:
         return False
 
 
+def _numpy(t: Tensor):
+    """``t`` as a NumPy array, half precision widened exactly to float32 (NumPy has no
+    bfloat16); :func:`run_ring_attention` casts the results back."""
+    return t.detach().to(torch.promote_types(t.dtype, torch.float32)).numpy()
+
+
 def _worker(rank, world_size, port, blocks, grad_out, options, results):
     """One rank of :func:`run_ring_attention` (runs in a spawned process)."""
     import torch.distributed as dist
@@ -417,8 +435,8 @@ def _worker(rank, world_size, port, blocks, grad_out, options, results):
             grads = torch.autograd.grad(out, (q, k, v), grad_out)
         peak = _status_kib("VmHWM") if measured else None
         payload = {
-            "out": out.detach().numpy(),
-            "grads": None if grads is None else [g.numpy() for g in grads],
+            "out": _numpy(out),
+            "grads": None if grads is None else [_numpy(g) for g in grads],
             "input_bytes": sum(t.numel() * t.element_size() for t in blocks),
             "peak": None if peak is None else max(peak - before, 0) * 1024,
         }
