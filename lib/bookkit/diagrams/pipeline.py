@@ -35,7 +35,8 @@ def draw_attention_pipeline(
     mask : array-like of bool, shape (L, S), optional
         A small boolean mask (True: the query may attend to the key), e.g.
         ``softmaxbook.causal_mask(4)``, drawn beside the masking step as a grid
-        of cells. Without it the step is drawn without an example.
+        of cells, one row per query and one column per key (False: grey, the
+        score becomes ``-inf``). Without it the step is drawn without an example.
     normalizer : str
         The name written in the normalization step ("softmax" by default; the
         chapters on alternatives swap it).
@@ -104,12 +105,14 @@ def draw_attention_pipeline(
         gx = x0 + bw + 0.9
         gy = ys[2] + bh - m.shape[0] * size + 0.55
         cells(ax, m, gx, gy, size=size, on=red)
+        # Which axis is which, and what each colour adds to the scores.
         text(
             ax,
             gx + m.shape[1] * size / 2,
             gy - 0.15,
-            "grey: $-\\infty$",
+            "rows: queries\ncolumns: keys\ngrey: $-\\infty$",
             va="top",
             fontsize=9,
+            linespacing=1.3,
         )
     return fig
