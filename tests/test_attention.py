@@ -482,3 +482,208 @@ def test_sinks_errors():
         sb.scaled_dot_product_attention(q, k, v, sinks=torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match="floating-point"):
         sb.scaled_dot_product_attention(q, k, v, sinks=[0.0, 0.0, 0.0])
+
+
+# ------------------------------------------------ the fused path (torch's kernel)
+
+
+def _path(*args, **kw):
+    return sb.explain_dispatch("scaled_dot_product_attention", *args, **kw).path
+
+
+def _spy(monkeypatch):
+    """Count the calls that reach torch's fused kernel from the library."""
+    from softmaxbook import attention
+
+    calls = []
+    real = attention.F.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+FUSED_CASES = [  # (name, q shape, k/v heads, options)
+    ("plain", (2, 3, 5, 8), 3, {}),
+    ("causal", (2, 3, 6, 8), 3, {"is_causal": True}),
+    ("top_left L<S", (1, 2, 3, 8), 2, {"is_causal": "top_left", "S": 7}),
+    ("bottom_right L<S", (1, 2, 3, 8), 2, {"is_causal": "bottom_right", "S": 7}),
+    ("bottom_right L>S", (1, 2, 7, 8), 2, {"is_causal": "bottom_right", "S": 3}),
+    ("mask", (2, 3, 5, 8), 3, {"mask": "B1LS"}),
+    ("gqa", (2, 4, 5, 8), 2, {"enable_gqa": True}),
+    ("gqa mask", (2, 4, 5, 8), 2, {"enable_gqa": True, "mask": "B1LS"}),
+    ("scale", (2, 3, 5, 8), 3, {"scale": 0.3}),
+]
+
+
+@pytest.mark.parametrize("name, q_shape, hkv, options", FUSED_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_path_matches_explicit_forward_and_backward(
+    name, q_shape, hkv, options, dtype, monkeypatch
+):
+    B, H, L, D = q_shape
+    options = dict(options)
+    S = options.pop("S", L)
+    q, k, v = _qkv(50, (B, H, L, D), (B, hkv, S, D), (B, hkv, S, 4), dtype)
+    if options.get("mask") == "B1LS":
+        g = torch.Generator().manual_seed(51)
+        mask = torch.rand(B, 1, L, S, generator=g) < 0.6
+        mask[0, 0, 1] = False  # a query with nothing to attend
+        options["mask"] = mask
+    assert _path(q, k, v, **options) == "fused", name
+    calls = _spy(monkeypatch)
+    fused = [t.clone().requires_grad_() for t in (q, k, v)]
+    explicit = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = sb.scaled_dot_product_attention(*fused, **options)
+    assert len(calls) == 1  # torch's kernel computed it
+    expected = sb.scaled_dot_product_attention(*explicit, explicit=True, **options)
+    assert len(calls) == 1  # and explicit=True did not call it
+    torch.testing.assert_close(out, expected)
+    w = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(52))
+    (out * w).sum().backward()
+    (expected * w).sum().backward()
+    for a, b in zip(fused, explicit):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+)
+def test_fused_path_gives_zeros_for_fully_masked_rows(dtype):
+    # torch 2.13's fused CPU kernel gives zeros, and zero gradients, to a query with
+    # nothing to attend, as the explicit path does; bottom-right causal too.
+    q, k, v = _qkv(53, (2, 2, 5, 8), (2, 2, 6, 8), (2, 2, 6, 3), dtype)
+    mask = torch.rand(2, 2, 5, 6, generator=torch.Generator().manual_seed(54)) < 0.5
+    mask[0, 1, 2] = False
+    mask[1, :, 0] = False
+    for options in ({"mask": mask}, {"is_causal": "bottom_right"}):
+        qq = q[..., :, :] if "mask" in options else torch.cat([q, q], -2)[..., :8, :]
+        empty = (
+            ~mask.any(-1) if "mask" in options else torch.arange(8)[:, None] < 2
+        )  # (.., L, 1): rows 0 and 1 see no key when L = 8 > S = 6 bottom-right
+        assert _path(qq, k, v, **options) == "fused"
+        leaves = [t.clone().requires_grad_() for t in (qq, k, v)]
+        out = sb.scaled_dot_product_attention(*leaves, **options)
+        rows = empty.expand(out.shape[:-1]) if "mask" in options else None
+        if rows is None:
+            assert (out[..., :2, :] == 0).all()
+        else:
+            assert (out[rows] == 0).all()
+        out.float().sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in leaves)
+        if rows is None:
+            assert (leaves[0].grad[..., :2, :] == 0).all()
+        else:
+            assert (leaves[0].grad[rows] == 0).all()
+        expected = sb.scaled_dot_product_attention(qq, k, v, explicit=True, **options)
+        tol = (
+            {"atol": 2e-2, "rtol": 2e-2}
+            if dtype in (torch.float16, torch.bfloat16)
+            else {}
+        )
+        torch.testing.assert_close(out.detach(), expected, **tol)
+
+
+def test_non_finite_scores_take_the_explicit_path(monkeypatch):
+    # torch's kernel adds the mask to the scores, so a nan key that every query masks
+    # would reach the output; the explicit path removes it. The same for infinities.
+    q, k, v = _qkv(55, (1, 2, 4, 8), (1, 2, 5, 8), (1, 2, 5, 3))
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[:, 4] = False
+    clean = sb.scaled_dot_product_attention(q, k, v, mask=mask)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        k2 = k.clone()
+        k2[0, 1, 4, 0] = bad
+        decision = sb.explain_dispatch(
+            "scaled_dot_product_attention", q, k2, v, mask=mask
+        )
+        assert decision.path == "explicit" and "nan or infinity" in decision.reason
+        calls = _spy(monkeypatch)
+        out = sb.scaled_dot_product_attention(q, k2, v, mask=mask)
+        assert not calls and torch.isfinite(out).all()
+        torch.testing.assert_close(out, clean)
+        monkeypatch.undo()
+    # scores that overflow the dtype: finite inputs, infinite products
+    big = torch.full((1, 1, 2, 4), 1e20)
+    assert _path(big, big, big) == "explicit"
+    assert _path(big / 1e20, big / 1e20, big) == "fused"
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        ({"explicit": True}, "explicit=True"),
+        ({"return_weights": True}, "return_weights"),
+        ({"normalizer": "sparsemax"}, "normalizer"),
+        ({"normalizer": torch.softmax}, "normalizer"),
+        ({"sinks": torch.zeros(3, dtype=torch.float64)}, "sink"),
+    ],
+)
+def test_what_keeps_the_explicit_path(options, reason, monkeypatch):
+    q, k, v = _qkv(56, (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8))
+    decision = sb.explain_dispatch("scaled_dot_product_attention", q, k, v, **options)
+    assert decision.path == "explicit" and reason in decision.reason
+    assert str(decision).startswith("scaled_dot_product_attention -> explicit: ")
+    calls = _spy(monkeypatch)
+    sb.scaled_dot_product_attention(q, k, v, **options)
+    assert not calls
+
+
+def test_shapes_other_than_bhld_and_transforms_keep_the_explicit_path(monkeypatch):
+    q, k, v = _qkv(57, (3, 4, 8), (3, 5, 8), (3, 5, 2))
+    decision = sb.explain_dispatch("scaled_dot_product_attention", q, k, v)
+    assert decision.path == "explicit" and "(B, H, L, D)" in decision.reason
+    q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
+    assert _path(q4, k4, v4) == "fused"
+    assert _path(q4[:, :, :0], k4, v4) == "explicit"  # no queries
+    # Under torch.func transforms (hessian, jacrev of a gradient) the explicit path,
+    # which is twice differentiable, runs.
+    calls = _spy(monkeypatch)
+    hess = torch.func.hessian(
+        lambda x: sb.scaled_dot_product_attention(x, k4, v4).sum()
+    )(q4[:, :, :2, :])
+    assert not calls and torch.isfinite(hess).all()
+
+
+def test_explicit_is_twice_differentiable():
+    q, k, v = _qkv(58, (1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 3))
+    mask = torch.rand(1, 1, 3, 5, generator=torch.Generator().manual_seed(59)) < 0.6
+    mask[0, 0, 1] = False
+
+    def f(q, k, v):
+        return sb.scaled_dot_product_attention(q, k, v, mask=mask, explicit=True)
+
+    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+def test_fused_path_keeps_the_argument_errors():
+    q, k, v = _qkv(60, (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6))
+    attn = sb.scaled_dot_product_attention
+    assert _path(q, k, v) == "fused"
+    with pytest.raises(TypeError, match="q must be a floating-point tensor"):
+        attn(q.long(), k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        attn(q, k.float(), v)
+    with pytest.raises(ValueError, match="same last dimension D"):
+        attn(q, k[..., :3], v)
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 3\) does not broadcast"):
+        attn(q, k, v, mask=torch.ones(5, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask must be a boolean tensor"):
+        attn(q, k, v, mask=torch.ones(4, 5))
+    with pytest.raises(ValueError, match="not both"):
+        attn(q, k, v, mask=torch.ones(4, 5, dtype=torch.bool), is_causal=True)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        attn(q, k, v, scale=-1.0)
+    with pytest.raises(ValueError, match="is_causal='bottom' is unknown"):
+        attn(q, k, v, is_causal="bottom")
+    with pytest.raises(ValueError, match="enable_gqa=True needs k and v"):
+        attn(q, k[:, :2], v, enable_gqa=True)
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        attn(q, k, v, enable_gqa=1)
+    with pytest.raises(TypeError, match="explicit must be a bool"):
+        attn(q, k, v, explicit="yes")

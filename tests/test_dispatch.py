@@ -119,3 +119,78 @@ def test_the_interpreter_keeps_cuda_tensors_on_torch(monkeypatch):
     assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is True
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is False
+
+
+# ------------------------------------ scaled_dot_product_attention: fused or explicit
+
+
+def _sdpa_facts(**overrides):
+    facts = {
+        "explicit": False,
+        "softmax": True,
+        "sinks": False,
+        "return_weights": False,
+        "device_types": {"cpu"},
+        "ndims": (4, 4, 4),
+        "empty": False,
+        "dtype": torch.float32,
+        "transforms": False,
+        "bounded": lambda: True,
+    }
+    facts.update(overrides)
+    return facts
+
+
+def test_sdpa_rule_takes_the_fused_kernel_where_the_semantics_agree():
+    path, reason = dispatch.sdpa_decision(**_sdpa_facts())
+    assert path == "fused" and "torch's fused kernel" in reason
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        ({"explicit": True}, "explicit=True"),
+        ({"softmax": False}, "normalizer"),
+        ({"sinks": True}, "sink"),
+        ({"return_weights": True}, "return_weights"),
+        ({"device_types": {"cuda"}}, "on cuda"),
+        ({"ndims": (3, 3, 3)}, "(B, H, L, D)"),
+        ({"empty": True}, "empty"),
+        ({"dtype": torch.int64}, "torch.int64"),
+        ({"transforms": True}, "torch.func"),
+        ({"bounded": lambda: False}, "nan or infinity"),
+    ],
+)
+def test_sdpa_rule_keeps_the_explicit_path_with_a_reason(overrides, reason):
+    path, why = dispatch.sdpa_decision(**_sdpa_facts(**overrides))
+    assert path == "explicit" and reason in why
+
+
+def test_sdpa_rule_reads_the_tensors_last():
+    # The bound on the scores reads q and k: only when all else allows the kernel.
+    def never():
+        raise AssertionError("bounded() was called")
+
+    assert dispatch.sdpa_decision(**_sdpa_facts(explicit=True, bounded=never))[0] == (
+        "explicit"
+    )
+
+
+def test_explain_dispatch_for_attention_takes_the_call_options():
+    q = torch.randn(1, 2, 3, 4)
+    decision = sb.explain_dispatch("scaled_dot_product_attention", q, q, q)
+    assert decision.path == "fused" and decision.op == "scaled_dot_product_attention"
+    decision = sb.explain_dispatch(
+        "scaled_dot_product_attention", q, q, q, is_causal=True, explicit=True
+    )
+    assert decision.path == "explicit"
+    with pytest.raises(ValueError, match="needs the tensors q, k, v"):
+        sb.explain_dispatch("scaled_dot_product_attention", q, q)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        sb.explain_dispatch("scaled_dot_product_attention", q, q, q, causal=True)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        sb.explain_dispatch("scaled_dot_product_attention", q, q, q, scale=0.0)
+    with pytest.raises(TypeError, match="takes no keyword arguments"):
+        sb.explain_dispatch("flash_attention", q, q, q, is_causal=True)
+    # flash_attention's report is unchanged by the options of another op
+    assert sb.explain_dispatch("flash_attention", q, q, q).path == "torch"

@@ -8,13 +8,24 @@ r"""Scaled dot-product attention with a pluggable normalizer.
 The normalizer is softmax by default; the alternatives chapter plugs in
 sparsemax, entmax and others by name, and any callable
 ``f(scores, dim=-1) -> weights`` works too.
+
+Two paths compute it. Where torch's fused kernel computes exactly the same
+thing (softmax, no sinks, no returned weights, ``(B, H, L, D)`` CPU tensors,
+finite scores), the call is handed to
+``torch.nn.functional.scaled_dot_product_attention``: the ``fused`` path, as
+fast as torch in a training loop. Everywhere else, and always with
+``explicit=True``, the scores, the weights and their average are computed in
+the open: the ``explicit`` path, the one the chapters read and test.
+:func:`~softmaxbook.explain_dispatch` says which path a call takes, and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import (
@@ -31,6 +42,7 @@ from .alternatives import (
     sparsemax,
 )
 from .decode import aligned_causal_mask, repeat_kv_heads
+from .kernels.dispatch import sdpa_decision
 from .length import scalable_softmax
 from .masking import masked_softmax
 from .sinks import clipped_softmax, relu_attention, sink_softmax, softpick
@@ -94,6 +106,7 @@ def scaled_dot_product_attention(
     sinks: Tensor | None = None,
     return_weights: bool = False,
     enable_gqa: bool = False,
+    explicit: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Attention:
     :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
@@ -105,6 +118,19 @@ def scaled_dot_product_attention(
     and a zero output, with zero (never ``nan``) gradients. With the softmax
     normalizer this is :func:`~softmaxbook.masking.masked_softmax`; any other
     normalizer (a name or a callable) gets the same treatment around it.
+
+    Where torch's fused kernel computes the same thing (the softmax
+    normalizer, no ``sinks``, no ``return_weights``, ``(B, H, L, D)`` tensors
+    on the CPU, scores that are all finite), the call is handed to
+    ``torch.nn.functional.scaled_dot_product_attention`` after the same
+    argument checks: the *fused* path, which runs a training step as fast as
+    torch does. Everything else takes the *explicit* path above, and
+    ``explicit=True`` forces it; ``sb.explain_dispatch(
+    "scaled_dot_product_attention", q, k, v, **options)`` says which path a
+    call takes, and why. Both give zeros for fully masked rows, forward and
+    backward. The fused kernel's backward pass is not differentiable: for
+    second derivatives (``create_graph=True``), pass ``explicit=True``
+    (``torch.func`` transforms take the explicit path by themselves).
 
     Shapes: ``q`` is ``(..., L, D)``, ``k`` is ``(..., S, D)``, ``v`` is
     ``(..., S, Dv)``, the batch dimensions ``...`` broadcast; ``mask``
@@ -154,6 +180,10 @@ def scaled_dot_product_attention(
         Grouped-query attention: query head :math:`h` uses key and value head
         :math:`\lfloor h / (H_q / H_{kv}) \rfloor`, as torch's ``enable_gqa``
         (:func:`~softmaxbook.repeat_kv_heads`).
+    explicit : bool
+        Always compute the scores and the weights explicitly, never in torch's
+        fused kernel (the result is the same up to rounding; the explicit
+        path is the one to read, and it is twice differentiable).
 
     Returns
     -------
@@ -176,17 +206,135 @@ def scaled_dot_product_attention(
         wrong shape; if ``sinks`` does not broadcast to the batch dimensions,
         or comes with another normalizer than softmax.
     """
+    call = _resolve(
+        q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights,
+        enable_gqa, explicit,
+    )  # fmt: skip
+    if call.path == "fused":
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=call.mask,
+            is_causal=call.torch_causal,
+            scale=call.scale,
+            enable_gqa=enable_gqa,
+        )
+    if enable_gqa:  # each key and value head serves G query heads
+        k, v = repeat_kv_heads(k, call.groups), repeat_kv_heads(v, call.groups)
+    return _explicit(q, k, v, call, return_weights)
+
+
+class _Resolved(NamedTuple):
+    """A checked call: its path, and what either path needs."""
+
+    path: str
+    reason: str
+    batch: tuple[int, ...]
+    scale: float
+    align: str | None
+    mask: Tensor | None  # the user's mask, or the bottom-right causal mask (fused)
+    torch_causal: bool  # torch's top-left is_causal (fused path)
+    name: str
+    normalize: Normalizer
+    is_softmax: bool
+    sinks: Tensor | None
+    groups: int
+
+
+def _resolve(
+    q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights, enable_gqa,
+    explicit,
+) -> _Resolved:  # fmt: skip
+    """Check the arguments of :func:`scaled_dot_product_attention` and choose its
+    path (the rule is :func:`~softmaxbook.kernels.dispatch.sdpa_decision`)."""
     align = check_causal(is_causal)
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if not isinstance(explicit, bool):
+        raise TypeError(f"explicit must be a bool, got {type(explicit).__name__}")
+    groups, kc, vc = 1, k, v
     if enable_gqa:  # each key and value head serves G query heads
         groups = check_gqa_heads(q, k, v)
-        k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
-    batch, scale, _ = check_attention_args(q, k, v, mask, align is not None, scale)
+        # Stand-ins of the repeated heads' shape for the checks: no copy is made.
+        kc, vc = (
+            t.new_empty(()).expand(
+                t.shape[:-3] + (t.shape[-3] * groups,) + t.shape[-2:]
+            )
+            for t in (k, v)
+        )
+    batch, scale, _ = check_attention_args(q, kc, vc, mask, align is not None, scale)
     name, normalize = resolve_normalizer(normalizer)
     is_softmax = name == "softmax" and normalize is NORMALIZERS.get("softmax")
     if sinks is not None:
         sinks = _check_sinks(sinks, batch, q, is_softmax)
+    L, S = q.shape[-2], k.shape[-2]
+    path, reason = sdpa_decision(
+        explicit=explicit,
+        softmax=is_softmax,
+        sinks=sinks is not None,
+        return_weights=bool(return_weights),
+        device_types={q.device.type},
+        ndims=(q.dim(), k.dim(), v.dim()),
+        empty=q.numel() == 0 or k.numel() == 0 or v.numel() == 0,
+        dtype=q.dtype,
+        transforms=_functorch_active(),
+        bounded=lambda: _scores_bounded(q, k, scale),
+    )
+    torch_causal = False
+    if path == "fused" and align is not None:
+        if align == "top_left" or L == S:
+            torch_causal = True
+        else:
+            mask = aligned_causal_mask(L, S, align=align, device=q.device)
+    return _Resolved(
+        path, reason, batch, scale, align, mask, torch_causal, name, normalize,
+        is_softmax, sinks, groups,
+    )  # fmt: skip
+
+
+def _resolve_path(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool | str = False,
+    scale: float | None = None,
+    normalizer: str | Normalizer = "softmax",
+    sinks: Tensor | None = None,
+    return_weights: bool = False,
+    enable_gqa: bool = False,
+    explicit: bool = False,
+) -> tuple[str, str]:
+    """``(path, reason)`` of a call with these arguments (for ``explain_dispatch``)."""
+    call = _resolve(
+        q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights,
+        enable_gqa, explicit,
+    )  # fmt: skip
+    return call.path, call.reason
+
+
+def _functorch_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
+
+
+def _scores_bounded(q: Tensor, k: Tensor, scale: float) -> bool:
+    r"""True when every score is finite: :math:`|s_{ij}| \le D \max|q| \max|k|
+    \cdot \text{scale}` stays below the dtype's largest number (False for any
+    ``nan`` or infinity in ``q`` or ``k``)."""
+    lo_q, hi_q = torch.aminmax(q)  # nan propagates to both
+    lo_k, hi_k = torch.aminmax(k)
+    extremes = torch.stack((lo_q, hi_q, lo_k, hi_k)).tolist()  # one synchronization
+    q_max, k_max = max(map(abs, extremes[:2])), max(map(abs, extremes[2:]))
+    bound = q_max * k_max * q.shape[-1] * scale
+    return bound < torch.finfo(q.dtype).max  # False for nan and inf
+
+
+def _explicit(q: Tensor, k: Tensor, v: Tensor, call: _Resolved, return_weights):
+    """The explicit path: scores, masked weights, their average of the values."""
+    mask, sinks, scale, align = call.mask, call.sinks, call.scale, call.align
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
     if align is not None:
         mask = aligned_causal_mask(
@@ -198,12 +346,14 @@ def scaled_dot_product_attention(
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = sink_softmax(scores, sinks[..., None, None], dim=-1)
-    elif is_softmax:
+    elif call.is_softmax:
         weights = masked_softmax(scores, mask)
     elif mask is None:
-        weights = _checked(normalize(scores, dim=-1), scores, name)
+        weights = _checked(call.normalize(scores, dim=-1), scores, call.name)
     else:
-        weights = _masked_normalize(normalize, scores, mask.expand(scores.shape), name)
+        weights = _masked_normalize(
+            call.normalize, scores, mask.expand(scores.shape), call.name
+        )
     out = weights @ v  # (..., L, Dv)
     return (out, weights) if return_weights else out
 

@@ -9,6 +9,12 @@ Only :func:`~softmaxbook.flash_attention` dispatches on its own (a fused
 kernel is its purpose). The softmax kernel is opt-in:
 :func:`~softmaxbook.kernels.fused_softmax` applies this rule,
 :func:`~softmaxbook.softmax` never does.
+
+:func:`~softmaxbook.scaled_dot_product_attention` has a rule of its own
+(:func:`sdpa_decision`): where the semantics are the same (the softmax
+normalizer, no sinks, no returned weights, finite scores) it hands the work to
+torch's fused kernel, ``path="fused"``; otherwise it computes the scores, the
+weights and their average in the open, ``path="explicit"``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ __all__ = ["explain_dispatch", "DispatchDecision", "triton_available"]
 
 #: Operations with a Triton kernel, and :func:`explain_dispatch`'s names for them.
 KERNEL_OPS = ("softmax", "flash_attention")
+
+#: The operation whose decision is between torch's fused kernel and the explicit
+#: computation (:func:`sdpa_decision`).
+SDPA_OP = "scaled_dot_product_attention"
 
 #: Dtypes the Triton kernels accept (float64 and others stay on the torch path).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,8 +53,12 @@ class DispatchDecision:
     """Which implementation a call takes, and why.
 
     ``path`` is ``"triton"`` (the fused kernels of :mod:`softmaxbook.kernels`)
-    or ``"torch"`` (the library's torch code); ``reason`` is one sentence.
-    ``str(decision)`` reads ``"flash_attention -> torch: ..."``.
+    or ``"torch"`` (the library's torch code); for
+    ``"scaled_dot_product_attention"`` it is ``"fused"`` (torch's fused
+    kernel, ``torch.nn.functional.scaled_dot_product_attention``) or
+    ``"explicit"`` (scores, weights and their average computed in the open).
+    ``reason`` is one sentence. ``str(decision)`` reads
+    ``"flash_attention -> torch: ..."``.
     """
 
     op: str
@@ -55,9 +69,19 @@ class DispatchDecision:
         return f"{self.op} -> {self.path}: {self.reason}"
 
 
+_FOUND: dict = {}
+
+
 def triton_available() -> bool:
-    """True when the ``triton`` package is installed (checked without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    """True when the ``triton`` package is installed (checked without importing it).
+
+    Looked up once per process (every attention call asks, and a lookup searches
+    the import path): a package installed later is seen after a restart.
+    """
+    find = importlib.util.find_spec
+    if find not in _FOUND:
+        _FOUND[find] = find("triton") is not None
+    return _FOUND[find]
 
 
 def interpreter_enabled() -> bool:
@@ -67,40 +91,76 @@ def interpreter_enabled() -> bool:
     return value in {"1", "true", "on", "yes"}
 
 
-def explain_dispatch(op: str, *tensors: torch.Tensor) -> DispatchDecision:
-    """Report whether ``op`` on ``tensors`` runs a Triton kernel or the torch code.
+def explain_dispatch(op: str, *tensors: torch.Tensor, **options) -> DispatchDecision:
+    """Report which code path ``op`` takes on ``tensors`` (and, for attention,
+    ``options``), and why.
 
     The library's functions take this same decision, so the report is what
-    they do: the Triton kernel when every tensor is on a CUDA device, Triton
-    is installed, the dtype is float16, bfloat16 or float32, the shape fits
-    the kernel and, for ``"softmax"``, no gradient is needed (its kernel is
-    forward-only; FlashAttention has a backward kernel too); otherwise the
-    torch code, which gives the same result up to rounding.
+    they do. For ``"softmax"`` and ``"flash_attention"``: the Triton kernel
+    when every tensor is on a CUDA device, Triton is installed, the dtype is
+    float16, bfloat16 or float32, the shape fits the kernel and, for
+    ``"softmax"``, no gradient is needed (its kernel is forward-only;
+    FlashAttention has a backward kernel too); otherwise the torch code, which
+    gives the same result up to rounding.
+
+    For ``"scaled_dot_product_attention"``, pass ``q, k, v`` and the keyword
+    arguments of the call (``mask``, ``is_causal``, ``normalizer``, ``sinks``,
+    ``return_weights``, ``enable_gqa``, ``scale``, ``explicit``): the path is
+    ``"fused"`` (torch's fused kernel) when the semantics are the same,
+    ``"explicit"`` otherwise (see :func:`sdpa_decision`).
 
     Shapes: for ``"softmax"`` pass the input (normalized along its last
-    dimension); for ``"flash_attention"`` pass ``q, k, v``.
+    dimension); for the attention ops pass ``q, k, v``.
 
     Parameters
     ----------
     op : str
-        ``"softmax"`` or ``"flash_attention"`` (the names in ``KERNEL_OPS``).
+        ``"softmax"``, ``"flash_attention"`` (the names in ``KERNEL_OPS``) or
+        ``"scaled_dot_product_attention"``.
     *tensors : Tensor
         The arguments the call would get.
+    **options
+        For ``"scaled_dot_product_attention"`` only: its keyword arguments.
 
     Returns
     -------
     DispatchDecision
-        ``path`` (``"triton"`` or ``"torch"``) and a one-sentence ``reason``.
+        ``path`` and a one-sentence ``reason``.
 
     Raises
     ------
     ValueError
         If ``op`` is unknown or no tensor is given.
     TypeError
-        If an argument is not a tensor.
+        If an argument is not a tensor, or options are given for another op
+        than ``"scaled_dot_product_attention"``.
+
+    Examples
+    --------
+    >>> import torch, softmaxbook as sb
+    >>> q = torch.randn(2, 4, 8, 16)
+    >>> sb.explain_dispatch("scaled_dot_product_attention", q, q, q).path
+    'fused'
+    >>> sb.explain_dispatch(
+    ...     "scaled_dot_product_attention", q, q, q, return_weights=True
+    ... ).path
+    'explicit'
     """
+    if op == SDPA_OP:
+        if len(tensors) != 3:
+            raise ValueError(f"explain_dispatch({op!r}) needs the tensors q, k, v")
+        from ..attention import _resolve_path  # the call's own rule, arguments checked
+
+        return DispatchDecision(op, *_resolve_path(*tensors, **options))
+    if options:
+        raise TypeError(
+            f"explain_dispatch({op!r}) takes no keyword arguments, got "
+            f"{sorted(options)}"
+        )
     if op not in KERNEL_OPS:
-        raise ValueError(f"op={op!r} is unknown; expected one of {list(KERNEL_OPS)}")
+        raise ValueError(
+            f"op={op!r} is unknown; expected one of {[*KERNEL_OPS, SDPA_OP]}"
+        )
     if not tensors:
         raise ValueError(
             f"explain_dispatch({op!r}) needs the tensors the call would get"
@@ -176,3 +236,89 @@ def _decide(
     return DispatchDecision(
         op, "triton", "CUDA tensors and Triton is installed: the fused kernel"
     )
+
+
+# --------------------------------------------------------------------------------------
+# scaled_dot_product_attention: torch's fused kernel, or the explicit computation
+# --------------------------------------------------------------------------------------
+
+#: The dtypes torch's fused CPU kernel takes (and the explicit path too).
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+FUSED_REASON = (
+    "softmax attention without sinks or returned weights: torch's fused kernel "
+    "(torch.nn.functional.scaled_dot_product_attention) computes the same thing"
+)
+
+
+def sdpa_decision(
+    *,
+    explicit: bool,
+    softmax: bool,
+    sinks: bool,
+    return_weights: bool,
+    device_types: set,
+    ndims: tuple,
+    empty: bool,
+    dtype: torch.dtype,
+    transforms: bool,
+    bounded,
+) -> tuple[str, str]:
+    """The rule of :func:`~softmaxbook.scaled_dot_product_attention`, on plain facts.
+
+    Returns ``(path, reason)``: ``"fused"`` hands the call to torch's fused
+    kernel, ``"explicit"`` computes the scores, the weights and the output in
+    the open. ``bounded`` is a callable that says whether every score is
+    finite (no ``nan`` or infinity in ``q`` and ``k``, no product that
+    overflows); it is called last, only when everything else allows the
+    fused kernel, because it reads the tensors.
+
+    Why each condition: torch's fused kernel has no other normalizer, no sinks
+    and no weights to return; it runs on the CPU here (on a GPU torch picks
+    among kernels whose fully masked rows are not checked by this library);
+    it takes ``(B, H, L, D)`` tensors (other shapes go to torch's math
+    backend, which is the explicit computation anyway); it is not twice
+    differentiable, so ``torch.func`` transforms (``hessian``, ``jacrev`` of a
+    gradient) keep the explicit path; and it adds a mask to the scores, so a
+    ``nan`` or infinite score at a masked position would reach the output,
+    where the explicit path removes it.
+    """
+
+    def explicit_path(reason):
+        return "explicit", reason
+
+    if explicit:
+        return explicit_path("explicit=True forces the explicit computation")
+    if not softmax:
+        return explicit_path("another normalizer than softmax has no fused kernel")
+    if sinks:
+        return explicit_path("sink logits are computed explicitly (sink_softmax)")
+    if return_weights:
+        return explicit_path(
+            "return_weights=True needs the weights, which the fused kernel never forms"
+        )
+    if device_types != {"cpu"}:
+        where = ", ".join(sorted(device_types))
+        return explicit_path(
+            f"the tensors are on {where}; the fused path is taken on the CPU only"
+        )
+    if ndims != (4, 4, 4):
+        return explicit_path(
+            "torch's fused kernel takes (B, H, L, D) tensors; these have "
+            f"{'/'.join(map(str, ndims))} dimensions"
+        )
+    if empty:
+        return explicit_path("an empty dimension: nothing for a kernel to do")
+    if dtype not in FUSED_DTYPES:
+        return explicit_path(f"the fused kernel does not take {dtype}")
+    if transforms:
+        return explicit_path(
+            "a torch.func transform is active, and the fused kernel's backward "
+            "is not differentiable"
+        )
+    if not bounded():
+        return explicit_path(
+            "q or k holds nan or infinity (or scores that overflow): the explicit "
+            "path keeps them out of the rows that mask them"
+        )
+    return "fused", FUSED_REASON
