@@ -274,7 +274,7 @@ def draw_draft_tree(
 
     n, prefix = len(parents), len(prefix_words)
     mask = tree_attention_mask(parents, prefix)
-    depth = []
+    depth: list[int] = []
     for parent in parents:
         depth.append(0 if parent < 0 else depth[parent] + 1)
     use_style()
