@@ -91,6 +91,64 @@ def test_partial_sort_fallback_is_exact(name, monkeypatch):
     torch.testing.assert_close(getattr(sb, name)(x), expected, atol=1e-12, rtol=0)
 
 
+def _spy_thresholds(monkeypatch):
+    """Record the shape of every block of sorted candidates the threshold sees."""
+    shapes = []
+    real = alt._sorted_threshold
+
+    def spy(v, kind):
+        shapes.append(tuple(v.shape))
+        return real(v, kind)
+
+    monkeypatch.setattr(alt, "_sorted_threshold", spy)
+    return shapes
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_candidates_only_are_sorted_on_normal_rows(name, monkeypatch):
+    # N(0, 1) rows of 2048: the support lies among a few percent of the keys, and only
+    # those are sorted, once, with no fallback.
+    x = scores((32, 2048), scale=1.0)
+    shapes = _spy_thresholds(monkeypatch)
+    got = getattr(sb, name)(x)
+    assert len(shapes) == 1 and shapes[0][0] == 32 and shapes[0][1] < 2048 // 8
+    torch.testing.assert_close(
+        got, getattr(entmax, name)(x, dim=-1), atol=1e-12, rtol=0
+    )
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_rows_with_many_candidates_fall_back_to_the_full_sort(name, monkeypatch):
+    # Scores of a small spread: most keys are candidates, so those rows are sorted in
+    # full (the fallback), the others through their candidates; all exact.
+    x = scores((8, 1000), scale=1.0)
+    x[::2] *= 0.01  # rows 0, 2, 4, 6: wide supports
+    shapes = _spy_thresholds(monkeypatch)
+    got = getattr(sb, name)(x)
+    assert (4, 1000) in shapes  # the four flat rows, sorted in full
+    assert any(rows == 8 and width < 1000 // 4 for rows, width in shapes)
+    torch.testing.assert_close(
+        got, getattr(entmax, name)(x, dim=-1), atol=1e-12, rtol=0
+    )
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_a_threshold_below_its_candidates_bound_falls_back_to_the_full_sort(
+    name, monkeypatch
+):
+    # A margin far above the threshold drops keys of the support from the candidates:
+    # the threshold then comes out below the bound, and the row is sorted in full.
+    x = scores((16, 600), scale=1.0)
+    monkeypatch.setattr(alt, "_MARGIN", -0.3)
+    monkeypatch.setattr(alt, "_NEWTON_STEPS", {"sparsemax": 2, "entmax15": 3})
+    shapes = _spy_thresholds(monkeypatch)
+    got = getattr(sb, name)(x)
+    assert shapes[-1] == (16, 600)  # every row redone
+    torch.testing.assert_close(
+        got, getattr(entmax, name)(x, dim=-1), atol=1e-12, rtol=0
+    )
+
+
 def test_partial_sort_path_on_a_long_row():
     # Peaked rows of length 4096: the support is tiny, so only a few keys are sorted.
     x = scores((4, 4096), scale=4.0, dtype=torch.float32)

@@ -92,12 +92,15 @@ class _RowwiseFunction(torch.autograd.Function):
 # t >= -2 for entmax.
 
 _T0 = {"sparsemax": -1.0, "entmax15": -2.0}
-# Newton steps before counting candidates: each costs a few passes over the scores and
-# shrinks the candidate set (and with it the partial sort) toward the support.
-_NEWTON_STEPS = {"sparsemax": 1, "entmax15": 2}
+# Newton steps on the candidates before they are sorted: each shrinks the candidate set
+# toward the support (about halving it for 1.5-entmax, whose first candidates are many).
+_NEWTON_STEPS = {"sparsemax": 0, "entmax15": 3}
 # Candidates are counted slightly below the Newton iterate, which in exact arithmetic is
 # already below the threshold; the margin absorbs rounding (z is O(1) there).
 _MARGIN = 1e-4
+# A row with more candidates than this share of its length is sorted in full: the
+# fallback for wide supports (scores of a small spread, long runs of ties).
+_FULL_SORT_SHARE = 4
 
 
 def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
@@ -132,39 +135,71 @@ def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
     return t, size
 
 
-def _exact_threshold(z: Tensor, kind: str) -> Tensor:
-    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all
-    -inf)."""
-    n = z.shape[-1]
-    t = torch.full((z.shape[0], 1), _T0[kind], dtype=z.dtype, device=z.device)
-    r = torch.empty_like(
-        z
-    )  # one scratch buffer, reused: large allocations cost page faults
-    for _ in range(_NEWTON_STEPS[kind]):
-        # Newton on the convex decreasing f(t) = sum g((z - t)_+) - 1 from the left of
-        # its root: each step stays left of the root and moves toward it.
-        torch.sub(z, t, out=r).clamp_min_(0)
+def _compact(z: Tensor, keep: Tensor, full_share: int = 0) -> tuple[Tensor, Tensor]:
+    """The entries of each row of ``z`` (R, n) where ``keep`` is True, packed to the
+    left of an (R, k) array padded with -inf (k: the most any row keeps).
+
+    With ``full_share``, rows that keep more than ``n / full_share`` entries are left
+    out (all -inf) and flagged in the second result, a boolean (R,).
+    """
+    R, n = z.shape
+    where = keep.reshape(-1).nonzero().squeeze(-1)  # flat indices, row by row
+    rows = where.div(n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=R)
+    full = counts * full_share > n if full_share else counts < 0  # (R,)
+    if full_share and bool(full.any()):
+        kept = ~full[rows]
+        where, rows = where[kept], rows[kept]
+        counts = counts.masked_fill(full, 0)
+    width = max(int(counts.max()), 1) if R else 1
+    starts = counts.cumsum(0) - counts  # where each row's entries begin in `where`
+    slot = torch.arange(where.numel(), device=z.device) - starts[rows]
+    packed = z.new_full((R, width), float("-inf"))
+    packed.view(-1)[rows * width + slot] = z.reshape(-1)[where]
+    return packed, full
+
+
+def _newton(v: Tensor, t: Tensor, kind: str, steps: int) -> Tensor:
+    """Newton steps on the convex decreasing f(t) = sum g((v - t)_+) - 1, from the left
+    of its root: each step stays left of the root (below the threshold) and nears it."""
+    for _ in range(steps):
+        r = (v - t).clamp_min_(0)
         if kind == "sparsemax":
             f = r.sum(-1, keepdim=True) - 1
-            slope = torch.linalg.vector_norm(
-                r, 0, dim=-1, keepdim=True
-            )  # support count
+            slope = (r > 0).sum(-1, keepdim=True).to(v.dtype)  # the support count
         else:
-            f = torch.linalg.vector_norm(r, 2, dim=-1, keepdim=True).square() / 4 - 1
+            f = (r * r).sum(-1, keepdim=True) / 4 - 1
             slope = r.sum(-1, keepdim=True) / 2
         t = torch.where(slope > 0, t + f / slope.clamp_min(1e-30), t)
-    # Every key of the support lies above t: count those candidates, sort only them.
-    torch.sub(z, t - _MARGIN, out=r).clamp_min_(0)
-    counts = torch.linalg.vector_norm(r, 0, dim=-1)
-    del r
-    k = max(int(counts.max()), 1) if counts.numel() else 1
-    if 2 * k >= n:
-        return _sorted_threshold(torch.sort(z, dim=-1, descending=True).values, kind)[0]
-    t, size = _sorted_threshold(torch.topk(z, k, dim=-1).values, kind)
-    unresolved = (size == k).squeeze(-1).nonzero().squeeze(-1)
-    if unresolved.numel():  # the support may extend past the candidates: full sort
-        v = torch.sort(z[unresolved], dim=-1, descending=True).values
-        t[unresolved] = _sorted_threshold(v, kind)[0]
+    return t
+
+
+def _exact_threshold(z: Tensor, kind: str) -> Tensor:
+    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all
+    -inf or nan).
+
+    The threshold is at least ``t0`` (-1, or -2 for 1.5-entmax: the largest entry
+    alone must not exceed weight 1), so every key of the support lies above ``t0``.
+    One pass over the scores collects those candidates (a few percent of a row of
+    N(0, 1) scores); for 1.5-entmax a few Newton steps on the candidates alone raise
+    the bound and drop most of them; the few left are sorted and the exact
+    sort-based formula runs on them. The fallback sorts a row in full: a row whose
+    candidates are too many for this to pay (scores of a small spread, long runs of
+    ties), or whose threshold came out below the bound that chose its candidates
+    (then its support might reach past them; only rounding can cause that).
+    """
+    bound = z.new_full((z.shape[0], 1), _T0[kind])
+    # (R, k): every key of the support is among these; -inf and nan never are.
+    v, full = _compact(z, z > bound, _FULL_SORT_SHARE)
+    if v.shape[-1] > 1 and _NEWTON_STEPS[kind]:
+        bound = _newton(v, bound, kind, _NEWTON_STEPS[kind]) - _MARGIN
+        v, _ = _compact(v, v > bound)
+    v = v.sort(dim=-1, descending=True).values
+    t, _ = _sorted_threshold(v, kind)
+    rows = (full | (t < bound).squeeze(-1)).nonzero().squeeze(-1)
+    if rows.numel():  # the fallback: the full sort
+        w = torch.sort(z[rows], dim=-1, descending=True).values
+        t[rows] = _sorted_threshold(w, kind)[0]
     return t
 
 
