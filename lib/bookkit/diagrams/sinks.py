@@ -49,6 +49,7 @@ def draw_sinks(
     variants: Sequence[str] = ("softmax", "softmax, no <bos>"),
     key: str = "bos_none",
     n_schematic: int = 6,
+    threshold: float = 0.3,
 ) -> Figure:
     """A schematic sink head beside the measured weight on the first token.
 
@@ -58,8 +59,11 @@ def draw_sinks(
     ``variants``, a grid of seeds (rows) by heads (columns) from ``sweep``
     (``softmaxbook.models.sink_study.load()``), each cell shaded and labelled
     with the mean weight that head puts on the first token (``key``,
-    ``"bos_none"``: at queries with nothing to read).
+    ``"bos_none"``: at queries with nothing to read); heads above
+    ``threshold`` (Gu et al.'s 0.3 for a sink head) are outlined.
     """
+    from matplotlib.patches import Rectangle
+
     runs = {(r["variant"], r["seed"]): r for r in sweep["runs"]}
     seeds = list(sweep["seeds"])
     heads = len(runs[variants[0], seeds[0]][key])
@@ -92,9 +96,29 @@ def draw_sinks(
         shades = np.array([[_blue(x) for x in row] for row in values])
         labels = [f"{x:.2f}" for x in values.ravel()]
         cells(ax, shades, xv, top - len(seeds), labels=labels, fontsize=9)
+        for i, row in enumerate(values):
+            for h, x in enumerate(row):
+                if x > threshold:
+                    ax.add_patch(
+                        Rectangle(
+                            (xv + h + 0.06, top - i - 1 + 0.06),
+                            0.88,
+                            0.88,
+                            facecolor="none",
+                            edgecolor=INK,
+                            linewidth=1.6,
+                        )
+                    )
         text(ax, xv + heads / 2, top + 0.4, variant.replace(", ", ",\n"), fontsize=9)
         for h in range(heads):
             text(ax, xv + h + 0.5, top - len(seeds) - 0.35, f"h{h}", fontsize=9)
+    text(
+        ax,
+        x0 + grid_w / 2,
+        top - len(seeds) - 1.0,
+        f"outlined: above {threshold:g}, a sink head",
+        fontsize=9,
+    )
     for i, seed in enumerate(seeds):
         text(ax, x0 - 0.15, top - i - 0.5, f"seed {seed}", fontsize=9, ha="right")
     ax.set_title("Attention sinks: where the weight goes", color=INK)
