@@ -48,8 +48,8 @@ def float_limits(dtype) -> dict[str, float]:
 
 
 def _short(v: float) -> str:
-    """A number in at most 3 significant digits: 65504 stays whole."""
-    s = f"{v:.0f}" if 1 <= v < 1e5 else f"{v:.3g}"
+    """A number in 3 significant digits (3.40e38, not 3.4e38): 65504 stays whole."""
+    s = f"{v:.0f}" if 1 <= v < 1e5 else f"{v:#.3g}"
     return s.replace("e-0", "e-").replace("e+", "e")
 
 
@@ -106,7 +106,7 @@ def draw_float_ranges(dtypes=None, *, title: str = "") -> Figure:
     top.set_ylim(-0.8, n - 0.3)
     lows = [math.log10(lim["subnormal"]) for lim in limits]
     highs = [math.log10(lim["max"]) for lim in limits]
-    top.set_xlim(min(lows) - 4, max(highs) + 4)
+    top.set_xlim(min(lows) - 6, max(highs) + 4)  # room for the labels
     top.set_xlabel("magnitude, $\\log_{10}|v|$ (hatched: subnormal; solid: normal)")
     top.set_title("Range of each format: subnormal, normal, max")
     top.grid(axis="y", visible=False)
