@@ -126,7 +126,10 @@ def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure
         label = r"$\lambda$ (per row)" if name == "logsumexp" else name
         box(ax, x, 7.0, w, 1.2, label, color=green, fill=0.3)
         x += w + 0.3
-    text(ax, x + 0.1, 7.6, "grows like L + S", ha="left", fontsize=9, color=green)
+    text(ax, x + 0.1, 7.95, "grows like L + S;", ha="left", fontsize=9, color=green)
+    text(
+        ax, x + 0.1, 7.25, "all the backward reads", ha="left", fontsize=9, color=green
+    )
     kept_p = "P" in saved["textbook"]
     box(ax, 15.0, 6.7, 4.6, 1.8, "", color=red, fill=0.12)
     text(ax, 17.3, 7.95, "textbook autograd", fontsize=9, color=red)
@@ -140,7 +143,7 @@ def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure
     )
 
     # Backward pass, bottom band.
-    text(ax, 0.2, 5.7, "backward (given dO)", ha="left", fontsize=11, color=orange)
+    text(ax, 7.4, 5.6, "backward (given dO)", ha="left", fontsize=11, color=orange)
     box(ax, 0.3, 3.4, 6.0, 1.3, r"$P = e^{\tau QK^\top - \lambda}$", color=orange)
     text(ax, 3.3, 2.9, "recomputed, tile by tile", fontsize=9, color=orange)
     box(ax, 7.4, 4.0, 5.2, 1.1, r"$dV = P^\top dO$", color=orange)
@@ -156,9 +159,16 @@ def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure
     arrow(ax, (15.1, 2.3), (15.1, 1.5))
     arrow(ax, (18.2, 2.3), (18.2, 1.5))
 
-    # The saved tensors feed the backward pass.
-    arrow(ax, (3.3, 7.0), (3.3, 4.7), color=green, linestyle="--")
-    text(ax, 12.3, 6.25, "the backward reads only these", fontsize=9, color=green)
+    # P is rebuilt from Q, K and the logsumexp (O and V feed delta and dP).
+    centers = {}
+    x = 0.3
+    for name in flash:
+        w = 3.2 if name == "logsumexp" else 1.2
+        centers[name] = x + w / 2
+        x += w + 0.3
+    for name, end in [("Q", 0.9), ("K", 2.4), ("logsumexp", 5.8)]:
+        if name in centers:
+            arrow(ax, (centers[name], 7.0), (end, 4.7), color=green, linestyle="--")
     ax.plot([0.3, 19.7], [9.3, 9.3], color=MUTED, linewidth=1)
     ax.plot([0.3, 19.7], [6.05, 6.05], color=MUTED, linewidth=1)
     ax.set_title("What the attention backward saves and recomputes", color=INK)

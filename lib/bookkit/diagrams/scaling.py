@@ -118,7 +118,7 @@ def draw_dot_product_variance(d_k: int = 64, n_keys: int = 8, seed: int = 1) -> 
     text(ax, 1.6, 2.2, "each: mean 0, Var 1", fontsize=9)
     box(ax, 4.4, 4.8, 3.6, 2.2, "", color=INK, fill=0.08)
     text(ax, 6.2, 6.35, r"$q \cdot k = \sum_i q_i k_i$", fontsize=10)
-    text(ax, 6.2, 5.3, f"Var $d_k$ = {d_k}", fontsize=10)
+    text(ax, 6.2, 5.3, f"Var = $d_k$ = {d_k}", fontsize=10)
 
     # One shared scale for both bells: +-3 sd of the unscaled score fits 2.6 units.
     per_score = 2.6 / (3 * std)
