@@ -3,9 +3,9 @@ of FlashAttention and what travels between memories, and ring attention.
 
 Each ``draw_*`` function returns a matplotlib Figure built from the primitives
 of :mod:`bookkit.diagrams._draw`. Where the library has the values (the running
-state of :func:`softmaxbook.flash_attention_steps`, the default tile sizes of
-:mod:`softmaxbook.flash`, the ring's rule for who holds which block), the
-diagram takes them from there instead of typing them.
+state of :func:`softmaxbook.flash_attention_steps`, the tile sizes of
+:mod:`softmaxbook.flash` and of its Triton kernel, the ring's rule for who
+holds which block), the diagram takes them from there instead of typing them.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "online_softmax_states",
     "draw_online_softmax_state",
+    "gpu_block_size",
     "draw_flash_tiles",
     "ring_schedule",
     "draw_ring_attention",
@@ -128,12 +129,33 @@ def draw_online_softmax_state(scores=None, *, block: int = 4) -> Figure:
         ax,
         width / 2,
         0.75,
-        "\u2113 \u2190 \u03b1\u2113 + \u03a3 exp(s_j \u2212 m),   "
-        "acc \u2190 \u03b1\u00b7acc + \u03a3 exp(s_j \u2212 m) v_j",
+        "\u2113 \u2190 \u03b1\u2113 + \u03a3 exp(s_j \u2212 m_new),   "
+        "acc \u2190 \u03b1\u00b7acc + \u03a3 exp(s_j \u2212 m_new) v_j",
         fontsize=9,
     )
     text(ax, width / 2, 0.1, "after the last tile: output = acc / \u2113", fontsize=9)
     return fig
+
+
+def gpu_block_size(head_dim: int = 64) -> tuple[int, int]:
+    """The (query, key) tile of the library's Triton FlashAttention kernel.
+
+    Read from the kernel's launch rule (``softmaxbook.kernels._triton``) for
+    a problem of this head dimension, so the diagram shows the tiles the GPU
+    kernel really uses; they are far smaller than the torch loop's
+    :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE`, because a GPU keeps them in
+    registers and shared memory. Needs Triton installed (not a GPU).
+    """
+    from types import SimpleNamespace
+
+    import torch
+
+    from softmaxbook.kernels import _triton
+
+    x = torch.zeros(1, 1, head_dim)
+    problem = SimpleNamespace(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
+    consts = _triton._launch_args(problem)[-1]
+    return consts["BLOCK_M"], consts["BLOCK_N"]
 
 
 def draw_flash_tiles(
@@ -144,7 +166,8 @@ def draw_flash_tiles(
     logsumexp written once.
 
     ``block_size`` defaults to the library's own
-    :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE`.
+    :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE` (the torch loop's tiles);
+    pass :func:`gpu_block_size` to draw the GPU kernel's.
     """
     from softmaxbook import flash
 
@@ -252,11 +275,20 @@ def draw_flash_tiles(
 
 
 def ring_schedule(world_size: int) -> list[list[int]]:
-    """Which key/value block rank ``r`` holds at step ``t``: ``(r - t) % W``,
-    the rule of :mod:`softmaxbook.ring` (rank ``r`` sends to ``r + 1`` and
-    receives from ``r - 1``). Returns ``[rank][step]``."""
+    """Which key/value block rank ``r`` holds at step ``t``, ``(r - t) % W``,
+    read from :mod:`softmaxbook.ring`'s own rule (its ``_Ring.owner``; rank
+    ``r`` sends to ``r + 1`` and receives from ``r - 1``). Returns
+    ``[rank][step]``."""
+    from types import SimpleNamespace
+
+    from softmaxbook.ring import _Ring
+
     return [
-        [(r - t) % world_size for t in range(world_size)] for r in range(world_size)
+        [
+            _Ring.owner(SimpleNamespace(rank=r, world=world_size), t)
+            for t in range(world_size)
+        ]
+        for r in range(world_size)
     ]
 
 
