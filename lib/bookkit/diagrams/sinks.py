@@ -3,8 +3,8 @@
 :func:`draw_sinks` draws a schematic attention map with a sink column next to
 the weights the book's own sink study measured per head
 (``softmaxbook.models.sink_study``, stored in ``sink_sweep.json``).
-:func:`draw_kv_eviction` draws the key-value cache that four eviction policies
-keep for the next query.
+:func:`draw_kv_eviction` draws the full key-value cache and what three eviction
+policies keep of it for the next query.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def eviction_policies(
 def draw_kv_eviction(
     n: int = 16, budget: int = 8, sinks: int = 2, heavy: Sequence[int] = (0, 5, 9)
 ) -> Figure:
-    """The cache four policies keep for the next query (schematic).
+    """The full cache and what three policies keep for the next query (schematic).
 
     One row per policy (:func:`eviction_policies`), one cell per cached
     token, oldest left: kept sink tokens, kept recent tokens, kept heavy
