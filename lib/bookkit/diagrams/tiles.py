@@ -144,13 +144,17 @@ def gpu_block_size(head_dim: int = 64) -> tuple[int, int]:
     a problem of this head dimension, so the diagram shows the tiles the GPU
     kernel really uses; they are far smaller than the torch loop's
     :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE`, because a GPU keeps them in
-    registers and shared memory. Needs Triton installed (not a GPU).
+    registers and shared memory. Reads the rule where Triton is installed (no
+    GPU needed); where it is not (macOS), returns the value that rule gives.
     """
     from types import SimpleNamespace
 
     import torch
 
-    from softmaxbook.kernels import _triton
+    try:
+        from softmaxbook.kernels import _triton
+    except ImportError:  # no Triton: the launch rule's tiles, 64 up to D = 128
+        return (64, 64) if head_dim <= 128 else (32, 32)
 
     x = torch.zeros(1, 1, head_dim)
     problem = SimpleNamespace(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
