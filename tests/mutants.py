@@ -225,6 +225,27 @@ M = [
         ["tests/test_flash.py"],
     ),
     (
+        "FlashAttention's lazy loop never rescales a tile whose weights overflow",
+        L + "_tiles.py",
+        "        if not float(total.max()) <= TILE_SUM_LIMIT:  # rare: a large rise, or nan",
+        "        if False:",
+        ["tests/test_tiles.py"],
+    ),
+    (
+        "sparse maps: rows with too many candidates are not sorted in full",
+        L + "alternatives.py",
+        "    rows = (full | (t < bound).squeeze(-1)).nonzero().squeeze(-1)",
+        "    rows = (t < bound).squeeze(-1).nonzero().squeeze(-1)",
+        ["tests/test_alternatives.py"],
+    ),
+    (
+        "attention's fused path trusts non-finite scores (a masked nan leaks)",
+        L + "attention.py",
+        "    return bound < torch.finfo(q.dtype).max  # False for nan and inf",
+        "    return True",
+        ["tests/test_attention.py"],
+    ),
+    (
         "sink softmax leaves the shift out of the sink's exponential",
         L + "sinks.py",
         "total = torch.exp(sink - m) + e.sum(dim, keepdim=True)",

@@ -140,11 +140,18 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
     check_empty = p.may_be_empty()
     for h0, h1, r0, r1 in units:
         n_h, n_r = h1 - h0, r1 - r0
+        k_end = p.key_end(r0, r1)
+        if 0 < k_end <= p.block_k:  # one tile of keys: no running state to rescale
+            _forward_tile(p, h0, h1, r0, r1, k_end, kt, v, tile, out, lse, check_empty)
+            continue
         qb = p.q[h0:h1, r0:r1].to(p.acc_dtype) * c  # (heads, bq, D), base-2 units
+        if not check_empty:
+            _forward_lazy(p, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse)
+            continue
         m = qb.new_full((n_h, n_r, 1), float("-inf"))  # running maximum
         ell = qb.new_zeros((n_h, n_r, 1))  # running sum of 2^(s - m)
         o = out[h0:h1, r0:r1]  # (heads, bq, Dv): the unnormalized output, in place
-        for k0 in range(0, p.key_end(r0, r1), p.block_k):
+        for k0 in range(0, k_end, p.block_k):
             k1 = min(k0 + p.block_k, kt.shape[-1])
             s = tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0)
             torch.bmm(qb, kt[h0:h1, :, k0:k1], out=s)
@@ -154,9 +161,7 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             # A row with no key so far has m = -inf: shift it by 0, so that
             # -inf - (-inf) = nan never happens.
-            shift = (
-                m_new.masked_fill(m_new == float("-inf"), 0.0) if check_empty else m_new
-            )
+            shift = m_new.masked_fill(m_new == float("-inf"), 0.0)
             alpha = torch.exp2(m - shift)  # rescales the old state to the new maximum
             pt = s.sub_(shift).exp2_()
             ell.mul_(alpha).add_(pt.sum(dim=-1, keepdim=True))
@@ -166,6 +171,87 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
         o.div_(torch.where(nonzero, ell, torch.ones_like(ell)))
         row_lse = (m + torch.log2(ell)) * LN2  # back to natural units
         lse[h0:h1, r0:r1] = row_lse.masked_fill(~nonzero, float("-inf")).squeeze(-1)
+
+
+#: The largest sum of one tile's weights (relative to the running shift) that is
+#: accumulated as it is: 2^64 leaves float32's range (2^128) room for thousands
+#: of such tiles. Beyond it (a row's maximum rose by about 2^64 / block_k), or for
+#: a nan, the tile is recomputed with its own maxima and the state rescaled.
+TILE_SUM_LIMIT = 2.0**64
+
+
+def _forward_lazy(p: Problem, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse):
+    """The loop over key tiles for rows that all see a key in the first tile (no
+    mask): the first tile's row maxima become the shift of the running state, and
+    it is moved only when a later tile's weights overflow ``TILE_SUM_LIMIT``, so
+    that a tile costs one GEMM that also subtracts the shift, ``exp2`` in place,
+    one sum and one GEMM: no maximum, no rescaling."""
+    n_h, n_r = h1 - h0, r1 - r0
+    o = out[h0:h1, r0:r1]  # (heads, bq, Dv): the unnormalized output, in place
+    ell = shift = None
+    for k0 in range(0, k_end, p.block_k):
+        k1 = min(k0 + p.block_k, kt.shape[-1])
+        s = tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0)
+        keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
+        if shift is None:  # the first tile sets the shift: its row maxima
+            torch.baddbmm(s, qb, kt[h0:h1, :, k0:k1], beta=0.0, out=s)
+            if keep is not None:
+                s.masked_fill_(~keep, float("-inf"))
+            shift = s.amax(dim=-1, keepdim=True)  # (heads, bq, 1)
+            neg = shift.neg()
+            pt = s.sub_(shift).exp2_()
+            ell = pt.sum(dim=-1, keepdim=True)
+            o.baddbmm_(pt, v[h0:h1, k0:k1])
+            continue
+        # s = qb k^T - shift in one GEMM (the shift broadcasts along the keys)
+        torch.baddbmm(neg, qb, kt[h0:h1, :, k0:k1], out=s)
+        if keep is not None:
+            s.masked_fill_(~keep, float("-inf"))
+        pt = s.exp2_()
+        total = pt.sum(dim=-1, keepdim=True)
+        if not float(total.max()) <= TILE_SUM_LIMIT:  # rare: a large rise, or nan
+            torch.baddbmm(neg, qb, kt[h0:h1, :, k0:k1], out=s)
+            if keep is not None:
+                s.masked_fill_(~keep, float("-inf"))
+            up = s.amax(dim=-1, keepdim=True).clamp_min(0)  # rows that rose move up
+            alpha = torch.exp2(-up)
+            ell.mul_(alpha)
+            o.mul_(alpha)
+            shift = shift + up
+            neg = shift.neg()
+            pt = s.sub_(up).exp2_()
+            total = pt.sum(dim=-1, keepdim=True)
+        ell.add_(total)
+        o.baddbmm_(pt, v[h0:h1, k0:k1])
+    o.div_(ell)
+    lse[h0:h1, r0:r1] = ((shift + torch.log2(ell)) * LN2).squeeze(-1)
+
+
+def _forward_tile(
+    p: Problem, h0, h1, r0, r1, k_end, kt, v, tile, out, lse, check_empty
+):
+    """Rows ``[r0, r1)`` of heads ``[h0, h1)`` whose keys fit in one tile: the plain
+    softmax of the tile, with no running maximum or sum to rescale."""
+    n_h, n_r = h1 - h0, r1 - r0
+    s = tile[: n_h * n_r * k_end].view(n_h, n_r, k_end)
+    q = p.q[h0:h1, r0:r1].to(p.acc_dtype) * (p.scale * LOG2E)  # base-2 units
+    torch.bmm(q, kt[h0:h1, :, :k_end], out=s)
+    keep = p.tile_keep(h0, h1, r0, r1, 0, k_end)
+    if keep is not None:
+        s.masked_fill_(~keep, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # (heads, bq, 1)
+    # A row with nothing to attend has m = -inf: shift it by 0 (no -inf - -inf).
+    shift = m.masked_fill(m == float("-inf"), 0.0) if check_empty else m
+    pt = s.sub_(shift).exp2_()
+    ell = pt.sum(dim=-1, keepdim=True)
+    o = out[h0:h1, r0:r1]
+    o.baddbmm_(pt, v[h0:h1, :k_end])
+    nonzero = ell > 0  # false only for rows with nothing to attend
+    o.div_(torch.where(nonzero, ell, torch.ones_like(ell)) if check_empty else ell)
+    row_lse = (m + torch.log2(ell)) * LN2  # back to natural units
+    if check_empty:
+        row_lse = row_lse.masked_fill(~nonzero, float("-inf"))
+    lse[h0:h1, r0:r1] = row_lse.squeeze(-1)
 
 
 # --------------------------------------------------------------------------------------
@@ -204,8 +290,13 @@ def backward(
     grads = (dq, dk, dv, grad_out, lse2, delta.to(acc))
     workers = _workers(p.q.device, BH)
     if BH >= workers:  # whole heads per worker: no two workers write one gradient row
-        units = [(h, h + 1) for h in range(BH)]
-        _run(_backward_heads, units, [1] * BH, p, *grads)
+        # Heads share a tile while it is small (one (heads, bq, bk) tile of each kind
+        # per unit), so that short sequences cost a few batched operations, not a
+        # few per head; the units stay at least as many as the workers.
+        bq, bk = min(p.block_q, R), min(p.block_k, S)
+        heads = min(_heads_per_tile(BH, bq, bk), -(-BH // workers))
+        units = [(h0, min(h0 + heads, BH)) for h0 in range(0, BH, heads)]
+        _run(_backward_heads, units, [h1 - h0 for h0, h1 in units], p, *grads)
     else:  # few heads: split the keys, each worker sums its own dq, added at the end
         blocks = list(range(0, S, p.block_k))
         shares = [blocks[i::workers] for i in range(workers)]
