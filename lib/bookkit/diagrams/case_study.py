@@ -90,13 +90,15 @@ def draw_model(
     width, height = 12.0, 13.2
     fig, ax = canvas(width, height, figsize=(6.4, 7.1), title=title)
     blue, orange, green, grey = PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[7]
+    # The query in vermillion: orange is kept for the one part the chapter varies.
+    vermillion = PALETTE[3]
 
     # The input sequence: pairs k v, then the query key.
     n = len(names)
     size = 0.95
     x0 = (width - n * size) / 2
     y_seq = 11.6
-    colours = [[blue if i % 2 == 0 else green for i in range(n - 1)] + [orange]]
+    colours = [[blue if i % 2 == 0 else green for i in range(n - 1)] + [vermillion]]
     cells(ax, colours, x0, y_seq, size=size)
     for i, name in enumerate(names):
         label = name + "?" if i == n - 1 else name
