@@ -30,7 +30,6 @@ only (myst-nb's hidden-code toggles), so ``singlehtml`` gets the same ones.
 from __future__ import annotations
 
 import importlib
-import json
 import re
 import sys
 from pathlib import Path
@@ -100,15 +99,6 @@ def _toc_pages(srcdir: Path) -> list[str]:
     return [e for e in entries if re.match(r"chapters/(0[1-9]|10)_", e)]
 
 
-def _title(notebook: Path) -> str:
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    for cell in cells:
-        if cell["cell_type"] == "markdown":
-            first = "".join(cell["source"]).lstrip().split("\n", 1)[0]
-            return first.lstrip("#").strip()
-    return notebook.stem
-
-
 class ClaimsLedger(SphinxDirective):
     """Every checked claim of the chapters, page by page (see module docstring, 4)."""
 
@@ -130,9 +120,9 @@ class ClaimsLedger(SphinxDirective):
             if not claims:
                 continue
             total += len(claims)
-            title = _title(notebook)
-            summary.append(f"| {{doc}}`{title} </{page}>` | {len(claims)} |")
-            lines += ["", f"**{{doc}}`{title} </{page}>`**", ""]
+            # The page's own title (math in it typeset), not a copy of its text.
+            summary.append(f"| {{doc}}`/{page}` | {len(claims)} |")
+            lines += ["", f"**{{doc}}`/{page}`**", ""]
             lines += [f"- {claim.text}" for claim in claims]
         summary.append(f"| **All pages** | **{total}** |")
         node_list = []
