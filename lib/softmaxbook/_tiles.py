@@ -349,16 +349,25 @@ def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks
                 n = math.prod(shape)
                 qb = qh[:, r0:r1]
                 s = tiles[0, :n].view(shape)
-                # s = c q k^T: the GEMM applies the scale (alpha), so no scaled copy
-                # of q is needed
-                torch.baddbmm(s, qb, kb.transpose(1, 2), beta=0.0, alpha=c, out=s)
+                # s = c q k^T - lse: the GEMM applies the scale (alpha) and starts
+                # from -lse (broadcast along the keys), so neither a scaled copy of q
+                # nor a pass to subtract is needed
+                torch.baddbmm(
+                    lse2[h0:h1, r0:r1, None].neg(),
+                    qb,
+                    kb.transpose(1, 2),
+                    alpha=c,
+                    out=s,
+                )
                 keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
                 if keep is not None:
                     s.masked_fill_(~keep, float("-inf"))
-                pt = s.sub_(lse2[h0:h1, r0:r1, None]).exp2_()  # the weights P
+                pt = s.exp2_()  # the weights P
                 dv_b.baddbmm_(pt.transpose(1, 2), do[:, r0:r1])
-                dp = torch.bmm(do[:, r0:r1], vt, out=tiles[1, :n].view(shape))
-                ds = dp.sub_(delta[h0:h1, r0:r1, None]).mul_(pt)  # P o (dP - delta)
+                # dP - delta in one GEMM that starts from -delta
+                dp = tiles[1, :n].view(shape)
+                torch.baddbmm(delta[h0:h1, r0:r1, None].neg(), do[:, r0:r1], vt, out=dp)
+                ds = dp.mul_(pt)  # P o (dP - delta)
                 dq[h0:h1, r0:r1].baddbmm_(ds, kb)
                 dk_b.baddbmm_(ds.transpose(1, 2), qb)
 
