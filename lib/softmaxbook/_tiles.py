@@ -145,7 +145,7 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
             _forward_tile(p, h0, h1, r0, r1, k_end, kt, v, tile, out, lse, check_empty)
             continue
         qb = p.q[h0:h1, r0:r1].to(p.acc_dtype) * c  # (heads, bq, D), base-2 units
-        if not check_empty:
+        if not check_empty and qb.device.type == "cpu":  # (a GPU would sync per tile)
             _forward_lazy(p, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse)
             continue
         m = qb.new_full((n_h, n_r, 1), float("-inf"))  # running maximum
