@@ -18,7 +18,12 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+# Every page: the chapters' core pages and their deep-dive pages.
+CHAPTERS = sorted(
+    p
+    for p in (ROOT / "chapters").rglob("*.ipynb")
+    if ".ipynb_checkpoints" not in p.parts
+)
 
 _spec = importlib.util.spec_from_file_location("student", ROOT / "tools" / "student.py")
 student = importlib.util.module_from_spec(_spec)
@@ -194,36 +199,64 @@ def test_odd_fences(text):
     assert out.startswith("before")
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def _prose(nb):
+    return "\n".join(
+        "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"
+    )
+
+
+def _page_id(path):
+    return str(path.relative_to(ROOT / "chapters"))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=_page_id)
 def test_every_chapter(chapter, tmp_path):
     target, counts = student.write_student_notebook(chapter, tmp_path)
     original = json.loads(chapter.read_text())
     out = json.loads(target.read_text())
     nbformat.validate(nbformat.from_dict(out))
 
-    def markdown(nb):
-        return "\n".join(
-            "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"
-        )
-
-    n_solutions = len(re.findall(r"\{solution\}", markdown(original)))
-    # each chapter has at least five exercises, each answered in a dropdown or, for
-    # the "implement it yourself" one, in a code cell that becomes the student's stub
-    answer_cells = sum(
-        "solution" in c["metadata"].get("tags", [])
-        for c in original["cells"]
-        if c["cell_type"] == "code"
-    )
-    assert n_solutions + answer_cells >= 5 and counts["solutions"] == n_solutions
-    assert markdown(original).count("{exercise}") >= 5
-    assert not re.search(r"\{solution", markdown(out))
-    assert markdown(out).count("{exercise}") == markdown(original).count("{exercise}")
+    # prose solutions in dropdowns, and gated solutions around the code of an
+    # "implement it yourself" exercise: every one is removed
+    n_solutions = len(re.findall(r"\{solution\}", _prose(original)))
+    n_gated = len(re.findall(r"\{solution-start\}", _prose(original)))
+    assert counts["solutions"] == n_solutions + n_gated
+    assert not re.search(r"\{solution", _prose(out))
+    assert _prose(out).count("{exercise}") == _prose(original).count("{exercise}")
     # every line of a solution is gone (unless the same line is also outside solutions)
-    outside = set(markdown(out).splitlines())
-    for block in _solution_blocks(markdown(original)):
+    outside = set(_prose(out).splitlines())
+    for block in _solution_blocks(_prose(original)):
         for line in block.splitlines():
             if len(line) > 20 and not line.startswith(("```", ":")):
                 assert line not in outside or _appears_outside(line, original), line
+
+    # no line of an answer's body survives in the student's code (unless the page's
+    # own code outside the answers has the same line)
+    def code_lines(nb, answers=True):
+        return {
+            line
+            for c in nb["cells"]
+            if c["cell_type"] == "code"
+            and (answers or "solution" not in c["metadata"].get("tags", []))
+            for line in "".join(c["source"]).splitlines()
+        }
+
+    elsewhere = code_lines(original, answers=False)
+    student_code = code_lines(out)
+    for cell in original["cells"]:
+        if "solution" in cell["metadata"].get("tags", []):
+            source = "".join(cell["source"])
+            kept = set(student.stub(source).splitlines())
+            body = [
+                line
+                for line in source.splitlines()
+                if line.strip() and line not in kept and len(line.strip()) > 8
+            ]
+            assert body, "an answer with no body to hide"
+            leaked = [
+                line for line in body if line in student_code and line not in elsewhere
+            ]
+            assert not leaked, f"{chapter.name}: answer lines left in: {leaked}"
     # code cells keep their place, source and outputs; only answers and exercises change
     code_in = [c for c in original["cells"] if c["cell_type"] == "code"]
     code_out = [c for c in out["cells"] if c["cell_type"] == "code"]
@@ -237,6 +270,17 @@ def test_every_chapter(chapter, tmp_path):
         else:
             assert after == before
     assert len(out["cells"]) == len(original["cells"]) - _solution_only_cells(original)
+
+
+@pytest.mark.parametrize("number", range(1, 11))
+def test_every_chapter_has_exercises_with_solutions(number):
+    """At least five exercises per chapter, over its core and deep-dive pages, each
+    answered in a dropdown or, for "implement it yourself", in a gated answer cell."""
+    pages = [p for p in CHAPTERS if _page_id(p).startswith(f"{number:02d}_")]
+    text = "\n".join(_prose(json.loads(p.read_text())) for p in pages)
+    exercises = text.count("{exercise}")
+    answered = len(re.findall(r"\{solution(-start)?\}", text))
+    assert exercises >= 5 and answered >= 5, (number, exercises, answered)
 
 
 def _solution_blocks(text):
@@ -266,6 +310,13 @@ def _solution_only_cells(nb):
         text = "".join(cell["source"])
         for block in _solution_blocks(text):
             text = text.replace(block, "")
+        # the fences that open and close a gated solution stand in cells of their own
+        text = re.sub(
+            r"^(`{3,}|:{3,})\{solution-(start|end)\}.*?^\1[ \t]*$",
+            "",
+            text,
+            flags=re.S | re.M,
+        )
         count += "solution" in cell["metadata"].get("tags", []) or not text.strip()
     return count
 
