@@ -178,6 +178,8 @@ def check_qkv(q, k, v) -> tuple[int, ...]:
             "k and v must have the same length S (dimension -2), got "
             f"k {tuple(k.shape)} and v {tuple(v.shape)}"
         )
+    if q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        return q.shape[:-2]  # the common case, without broadcast_shapes' cost
     try:
         return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:

@@ -21,6 +21,7 @@ the open: the ``explicit`` path, the one the chapters read and test.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -211,18 +212,32 @@ def scaled_dot_product_attention(
         enable_gqa, explicit,
     )  # fmt: skip
     if call.path == "fused":
-        return F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=call.mask,
-            is_causal=call.torch_causal,
-            scale=call.scale,
-            enable_gqa=enable_gqa,
-        )
+        out = _fused(q, k, v, call, enable_gqa)
+        if _finite(out):
+            return out
+        # A nan or infinity: the explicit path keeps those of masked keys out of the
+        # output (the fused kernel adds the mask to them), and agrees elsewhere.
     if enable_gqa:  # each key and value head serves G query heads
         k, v = repeat_kv_heads(k, call.groups), repeat_kv_heads(v, call.groups)
     return _explicit(q, k, v, call, return_weights)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, call: _Resolved, enable_gqa: bool):
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=call.mask,
+        is_causal=call.torch_causal,
+        scale=call.scale,
+        enable_gqa=enable_gqa,
+    )
+
+
+def _finite(out: Tensor) -> bool:
+    """Whether every entry of ``out`` is finite: one sum, read once (a sum that
+    overflows reads as not finite, and only costs the explicit recomputation)."""
+    return math.isfinite(float(out.detach().sum(dtype=torch.float32)))
 
 
 class _Resolved(NamedTuple):
@@ -279,7 +294,7 @@ def _resolve(
         empty=q.numel() == 0 or k.numel() == 0 or v.numel() == 0,
         dtype=q.dtype,
         transforms=_functorch_active(),
-        bounded=lambda: _scores_bounded(q, k, scale),
+        bounded=lambda: True,  # the call checks the fused output instead
     )
     torch_causal = False
     if path == "fused" and align is not None:
@@ -307,29 +322,37 @@ def _resolve_path(
     enable_gqa: bool = False,
     explicit: bool = False,
 ) -> tuple[str, str]:
-    """``(path, reason)`` of a call with these arguments (for ``explain_dispatch``)."""
+    """``(path, reason)`` of a call with these arguments (for ``explain_dispatch``).
+
+    Where the rule allows the fused kernel, its output is computed here too (without
+    a gradient), as the call does: if it holds a nan or an infinity, the call
+    recomputes it on the explicit path, and so this says.
+    """
     call = _resolve(
         q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights,
         enable_gqa, explicit,
     )  # fmt: skip
+    if call.path == "fused":
+        with torch.no_grad():
+            finite = _finite(_fused(q, k, v, call, enable_gqa))
+        return sdpa_decision(
+            explicit=False,
+            softmax=True,
+            sinks=False,
+            return_weights=False,
+            device_types={"cpu"},
+            ndims=(4, 4, 4),
+            empty=False,
+            dtype=q.dtype,
+            transforms=False,
+            bounded=lambda: finite,
+        )
     return call.path, call.reason
 
 
 def _functorch_active() -> bool:
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
     return bool(active and active())
-
-
-def _scores_bounded(q: Tensor, k: Tensor, scale: float) -> bool:
-    r"""True when every score is finite: :math:`|s_{ij}| \le D \max|q| \max|k|
-    \cdot \text{scale}` stays below the dtype's largest number (False for any
-    ``nan`` or infinity in ``q`` or ``k``)."""
-    lo_q, hi_q = torch.aminmax(q)  # nan propagates to both
-    lo_k, hi_k = torch.aminmax(k)
-    extremes = torch.stack((lo_q, hi_q, lo_k, hi_k)).tolist()  # one synchronization
-    q_max, k_max = max(map(abs, extremes[:2])), max(map(abs, extremes[2:]))
-    bound = q_max * k_max * q.shape[-1] * scale
-    return bound < torch.finfo(q.dtype).max  # False for nan and inf
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, call: _Resolved, return_weights):

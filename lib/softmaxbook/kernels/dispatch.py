@@ -268,10 +268,10 @@ def sdpa_decision(
 
     Returns ``(path, reason)``: ``"fused"`` hands the call to torch's fused
     kernel, ``"explicit"`` computes the scores, the weights and the output in
-    the open. ``bounded`` is a callable that says whether every score is
-    finite (no ``nan`` or infinity in ``q`` and ``k``, no product that
-    overflows); it is called last, only when everything else allows the
-    fused kernel, because it reads the tensors.
+    the open. ``bounded`` is a callable that says whether the fused kernel's
+    output is finite; it is called last, only when everything else allows the
+    fused kernel, because it reads the output (the call runs the kernel and
+    recomputes explicitly when the output holds a ``nan`` or an infinity).
 
     Why each condition: torch's fused kernel has no other normalizer, no sinks
     and no weights to return; it runs on the CPU here (on a GPU torch picks
@@ -281,7 +281,8 @@ def sdpa_decision(
     differentiable, so ``torch.func`` transforms (``hessian``, ``jacrev`` of a
     gradient) keep the explicit path; and it adds a mask to the scores, so a
     ``nan`` or infinite score at a masked position would reach the output,
-    where the explicit path removes it.
+    where the explicit path removes it: a fused output that is not finite is
+    recomputed explicitly.
     """
 
     def explicit_path(reason):
@@ -318,7 +319,8 @@ def sdpa_decision(
         )
     if not bounded():
         return explicit_path(
-            "q or k holds nan or infinity (or scores that overflow): the explicit "
-            "path keeps them out of the rows that mask them"
+            "torch's fused kernel gives nan or infinity here (a nan or infinite "
+            "score, or an overflow): the call recomputes it explicitly, which keeps "
+            "those of masked keys out of the output"
         )
     return "fused", FUSED_REASON
