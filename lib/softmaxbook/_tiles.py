@@ -203,8 +203,10 @@ def _forward_lazy(p: Problem, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse):
             ell = pt.sum(dim=-1, keepdim=True)
             o.baddbmm_(pt, v[h0:h1, k0:k1])
             continue
-        # s = qb k^T - shift in one GEMM (the shift broadcasts along the keys)
-        torch.baddbmm(neg, qb, kt[h0:h1, :, k0:k1], out=s)
+        if n_h == 1:  # s = qb k^T - shift in one GEMM (the shift broadcasts)
+            torch.baddbmm(neg, qb, kt[h0:h1, :, k0:k1], out=s)
+        else:  # (a broadcast start would be copied head by head)
+            torch.baddbmm(s, qb, kt[h0:h1, :, k0:k1], beta=0.0, out=s).sub_(shift)
         if keep is not None:
             s.masked_fill_(~keep, float("-inf"))
         pt = s.exp2_()
@@ -349,25 +351,17 @@ def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks
                 n = math.prod(shape)
                 qb = qh[:, r0:r1]
                 s = tiles[0, :n].view(shape)
-                # s = c q k^T - lse: the GEMM applies the scale (alpha) and starts
-                # from -lse (broadcast along the keys), so neither a scaled copy of q
-                # nor a pass to subtract is needed
-                torch.baddbmm(
-                    lse2[h0:h1, r0:r1, None].neg(),
-                    qb,
-                    kb.transpose(1, 2),
-                    alpha=c,
-                    out=s,
-                )
+                # s = c q k^T: the GEMM applies the scale (alpha), so no scaled copy
+                # of q is needed (beta=0: the GEMM writes s without reading it)
+                torch.baddbmm(s, qb, kb.transpose(1, 2), beta=0.0, alpha=c, out=s)
                 keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
                 if keep is not None:
                     s.masked_fill_(~keep, float("-inf"))
-                pt = s.exp2_()  # the weights P
+                pt = s.sub_(lse2[h0:h1, r0:r1, None]).exp2_()  # the weights P
                 dv_b.baddbmm_(pt.transpose(1, 2), do[:, r0:r1])
-                # dP - delta in one GEMM that starts from -delta
                 dp = tiles[1, :n].view(shape)
-                torch.baddbmm(delta[h0:h1, r0:r1, None].neg(), do[:, r0:r1], vt, out=dp)
-                ds = dp.mul_(pt)  # P o (dP - delta)
+                torch.baddbmm(dp, do[:, r0:r1], vt, beta=0.0, out=dp)
+                ds = dp.sub_(delta[h0:h1, r0:r1, None]).mul_(pt)  # P o (dP - delta)
                 dq[h0:h1, r0:r1].baddbmm_(ds, kb)
                 dk_b.baddbmm_(ds.transpose(1, 2), qb)
 
