@@ -43,7 +43,7 @@ from .alternatives import (
     sparsemax,
 )
 from .decode import aligned_causal_mask, repeat_kv_heads
-from .kernels.dispatch import sdpa_decision
+from .kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
 from .length import scalable_softmax
 from .masking import masked_softmax
 from .sinks import clipped_softmax, relu_attention, sink_softmax, softpick
@@ -433,3 +433,6 @@ def _masked_normalize(
         lambda s: _checked(normalize(s, dim=-1), scores, name), filled, dim=-1
     )
     return weights.masked_fill(~keep, 0.0)  # whatever a custom normalizer gave them
+
+
+register_explainer(SDPA_OP, _resolve_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,18 @@ KERNEL_OPS = ("softmax", "flash_attention")
 #: The operation whose decision is between torch's fused kernel and the explicit
 #: computation (:func:`sdpa_decision`).
 SDPA_OP = "scaled_dot_product_attention"
+
+#: ``(path, reason)`` of an operation defined above the kernels, registered by the
+#: module that defines it (:func:`register_explainer`): the kernels never import
+#: the layers above them.
+_EXPLAINERS: dict[str, Callable[..., tuple[str, str]]] = {}
+
+
+def register_explainer(op: str, explain: Callable[..., tuple[str, str]]) -> None:
+    """Let :func:`explain_dispatch` answer for ``op`` with ``explain(*tensors,
+    **options) -> (path, reason)``; the module that defines ``op`` calls this."""
+    _EXPLAINERS[op] = explain
+
 
 #: Dtypes the Triton kernels accept (float64 and others stay on the torch path).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -146,12 +159,10 @@ def explain_dispatch(op: str, *tensors: torch.Tensor, **options) -> DispatchDeci
     ... ).path
     'explicit'
     """
-    if op == SDPA_OP:
-        if len(tensors) != 3:
+    if op in _EXPLAINERS:  # the call's own rule, its arguments checked
+        if op == SDPA_OP and len(tensors) != 3:
             raise ValueError(f"explain_dispatch({op!r}) needs the tensors q, k, v")
-        from ..attention import _resolve_path  # the call's own rule, arguments checked
-
-        return DispatchDecision(op, *_resolve_path(*tensors, **options))
+        return DispatchDecision(op, *_EXPLAINERS[op](*tensors, **options))
     if options:
         raise TypeError(
             f"explain_dispatch({op!r}) takes no keyword arguments, got "
