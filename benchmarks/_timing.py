@@ -7,6 +7,7 @@ in the tests). The wall-clock timer and the machine line are the library's
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from softmaxbook.timing import machine_info, time_call
@@ -40,3 +41,12 @@ def cuda_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 #: One line naming the CPU, its cores and torch's threads (and the GPU, if any).
 machine = machine_info
+
+
+def load_average() -> str:
+    """The machine's load, printed with every run: timings on a busy machine differ."""
+    try:
+        one, five, _ = os.getloadavg()
+        return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
+    except OSError:  # pragma: no cover - not on every platform
+        return "load average unknown"

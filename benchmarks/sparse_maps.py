@@ -26,7 +26,6 @@ Usage: ``python benchmarks/sparse_maps.py [--reps 21] [--rows 1024] [--cols 4096
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from functools import partial
@@ -34,7 +33,7 @@ from functools import partial
 import torch
 
 import softmaxbook as sb
-from _timing import machine
+from _timing import load_average, machine
 
 try:
     import entmax
@@ -101,7 +100,7 @@ def main() -> None:
         f"median of {args.reps} interleaved reps"
     )
     print(machine())
-    print(_load())
+    print(load_average())
     print(
         f"{'map':<10} {'pass':<17} {'ours ms':>8} {'softmax ms':>10} "
         f"{'entmax ms':>10} {'k=' + str(args.k) + ' ms':>9} {'ours/softmax':>12} "
@@ -131,15 +130,7 @@ def main() -> None:
                 f"{t['ours'] / t['entmax']:11.2f} {t['ours'] / t['entmax_k']:7.2f}",
                 flush=True,
             )
-    print(_load())
-
-
-def _load() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-        return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
-    except OSError:  # pragma: no cover - not on every platform
-        return "load average unknown"
+    print(load_average())
 
 
 if __name__ == "__main__":

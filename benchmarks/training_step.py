@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import softmaxbook as sb
+from _timing import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB, N_LAYER, N_HEAD, N_EMBD, BATCH = 65, 2, 4, 64, 8
@@ -161,14 +161,6 @@ def run_length(length: int, steps: int, variants: list[str]) -> dict:
     }
 
 
-def _load() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-        return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
-    except OSError:  # pragma: no cover - not on every platform
-        return "load average unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024])
@@ -195,7 +187,7 @@ def main() -> None:
     print(
         f"GPT: {N_LAYER} layers, {N_HEAD} heads, n_embd {N_EMBD}, batch {BATCH}, "
         f"vocab {VOCAB}, AdamW, float32, CPU; {torch.get_num_threads()} torch "
-        f"thread(s); {_load()}"
+        f"thread(s); {load_average()}"
     )
     print(
         f"{'T':>5} {'attention':<13} {'steps':>5} {'ms/step':>9} {'x torch':>8} "
@@ -231,7 +223,7 @@ def main() -> None:
                     f"{diff:.2e} > {args.loss_tol:.0e}; the timings compare "
                     "different work"
                 )
-    print("After:", _load())
+    print("After:", load_average())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "training_step.json").write_text(json.dumps(rows, indent=1))
 
