@@ -31,7 +31,10 @@ MIN_FONTSIZE = 9
 
 
 def canvas(
-    width: float, height: float, *, figsize: tuple[float, float] = (6.4, 3.2),
+    width: float,
+    height: float,
+    *,
+    figsize: tuple[float, float] = (6.4, 3.2),
     title: str = "",
 ) -> tuple[Figure, Axes]:
     """A figure with one blank axes spanning ``[0, width] x [0, height]``.
@@ -52,48 +55,98 @@ def canvas(
 
 
 def box(
-    ax: Axes, x: float, y: float, w: float, h: float, label: str = "", *,
-    color: str = PALETTE[0], fill: float = 0.18, fontsize: float = 10,
-    textcolor: str = INK, rounded: bool = True,
+    ax: Axes,
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    label: str = "",
+    *,
+    color: str = PALETTE[0],
+    fill: float = 0.18,
+    fontsize: float = 10,
+    textcolor: str = INK,
+    rounded: bool = True,
 ):
     """A labelled box with its lower-left corner at ``(x, y)``; returns the patch."""
     from matplotlib.patches import FancyBboxPatch
 
     style = "round,pad=0,rounding_size=0.12" if rounded else "square,pad=0"
     patch = FancyBboxPatch(
-        (x, y), w, h, boxstyle=style, linewidth=1.4, edgecolor=color,
+        (x, y),
+        w,
+        h,
+        boxstyle=style,
+        linewidth=1.4,
+        edgecolor=color,
         facecolor=_tint(color, fill),
     )
     ax.add_patch(patch)
     if label:
-        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center",
-                fontsize=max(fontsize, MIN_FONTSIZE), color=textcolor)
+        ax.text(
+            x + w / 2,
+            y + h / 2,
+            label,
+            ha="center",
+            va="center",
+            fontsize=max(fontsize, MIN_FONTSIZE),
+            color=textcolor,
+        )
     return patch
 
 
 def arrow(
-    ax: Axes, start: tuple[float, float], end: tuple[float, float], label: str = "",
-    *, color: str = INK, fontsize: float = 9, offset: tuple[float, float] = (0, 0.15),
-    style: str = "-|>", linestyle: str = "-",
+    ax: Axes,
+    start: tuple[float, float],
+    end: tuple[float, float],
+    label: str = "",
+    *,
+    color: str = INK,
+    fontsize: float = 9,
+    offset: tuple[float, float] = (0, 0.15),
+    style: str = "-|>",
+    linestyle: str = "-",
 ):
     """An arrow from ``start`` to ``end``, with ``label`` at its middle (shifted by
     ``offset``)."""
     from matplotlib.patches import FancyArrowPatch
 
     patch = FancyArrowPatch(
-        start, end, arrowstyle=style, mutation_scale=12, linewidth=1.3,
-        color=color, linestyle=linestyle, shrinkA=2, shrinkB=2,
+        start,
+        end,
+        arrowstyle=style,
+        mutation_scale=12,
+        linewidth=1.3,
+        color=color,
+        linestyle=linestyle,
+        shrinkA=2,
+        shrinkB=2,
     )
     ax.add_patch(patch)
     if label:
         mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
-        ax.text(mx + offset[0], my + offset[1], label, ha="center", va="bottom",
-                fontsize=max(fontsize, MIN_FONTSIZE), color=color)
+        ax.text(
+            mx + offset[0],
+            my + offset[1],
+            label,
+            ha="center",
+            va="bottom",
+            fontsize=max(fontsize, MIN_FONTSIZE),
+            color=color,
+        )
     return patch
 
 
-def text(ax: Axes, x: float, y: float, s: str, *, fontsize: float = 10,
-         color: str = INK, **kwargs):
+def text(
+    ax: Axes,
+    x: float,
+    y: float,
+    s: str,
+    *,
+    fontsize: float = 10,
+    color: str = INK,
+    **kwargs,
+):
     """Text at ``(x, y)``, centred unless ``ha``/``va`` say otherwise."""
     kwargs.setdefault("ha", "center")
     kwargs.setdefault("va", "center")
@@ -101,8 +154,15 @@ def text(ax: Axes, x: float, y: float, s: str, *, fontsize: float = 10,
 
 
 def cells(
-    ax: Axes, values, x: float = 0.0, y: float = 0.0, *, size: float = 1.0,
-    on: str = PALETTE[0], off: str = MUTED, labels: Sequence[str] | None = None,
+    ax: Axes,
+    values,
+    x: float = 0.0,
+    y: float = 0.0,
+    *,
+    size: float = 1.0,
+    on: str = PALETTE[0],
+    off: str = MUTED,
+    labels: Sequence[str] | None = None,
     fontsize: float = 9,
 ):
     """A grid of square cells, row 0 at the top, lower-left corner at ``(x, y)``.
@@ -119,14 +179,26 @@ def cells(
         for j in range(cols):
             v = grid[i, j]
             color = v if isinstance(v, str) else (on if bool(v) else off)
-            ax.add_patch(Rectangle(
-                (x + j * size, y + (rows - 1 - i) * size), size, size,
-                facecolor=color, edgecolor="white", linewidth=1.0,
-            ))
+            ax.add_patch(
+                Rectangle(
+                    (x + j * size, y + (rows - 1 - i) * size),
+                    size,
+                    size,
+                    facecolor=color,
+                    edgecolor="white",
+                    linewidth=1.0,
+                )
+            )
             if labels is not None:
-                ax.text(x + (j + 0.5) * size, y + (rows - 1 - i + 0.5) * size,
-                        labels[i * cols + j], ha="center", va="center",
-                        fontsize=max(fontsize, MIN_FONTSIZE), color=INK)
+                ax.text(
+                    x + (j + 0.5) * size,
+                    y + (rows - 1 - i + 0.5) * size,
+                    labels[i * cols + j],
+                    ha="center",
+                    va="center",
+                    fontsize=max(fontsize, MIN_FONTSIZE),
+                    color=INK,
+                )
     return grid.shape
 
 
