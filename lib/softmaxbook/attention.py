@@ -262,7 +262,7 @@ def _resolve(
     explicit,
 ) -> _Resolved:  # fmt: skip
     """Check the arguments of :func:`scaled_dot_product_attention` and choose its
-    path (the rule is :func:`~softmaxbook.kernels.dispatch.sdpa_decision`)."""
+    path (the rule is ``softmaxbook.kernels.dispatch.sdpa_decision``)."""
     align = check_causal(is_causal)
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")

@@ -11,7 +11,7 @@ kernel is its purpose). The softmax kernel is opt-in:
 :func:`~softmaxbook.softmax` never does.
 
 :func:`~softmaxbook.scaled_dot_product_attention` has a rule of its own
-(:func:`sdpa_decision`): where the semantics are the same (the softmax
+(``sdpa_decision``): where the semantics are the same (the softmax
 normalizer, no sinks, no returned weights, finite scores) it hands the work to
 torch's fused kernel, ``path="fused"``; otherwise it computes the scores, the
 weights and their average in the open, ``path="explicit"``.
@@ -32,7 +32,7 @@ __all__ = ["explain_dispatch", "DispatchDecision", "triton_available"]
 KERNEL_OPS = ("softmax", "flash_attention")
 
 #: The operation whose decision is between torch's fused kernel and the explicit
-#: computation (:func:`sdpa_decision`).
+#: computation (``sdpa_decision``).
 SDPA_OP = "scaled_dot_product_attention"
 
 #: ``(path, reason)`` of an operation defined above the kernels, registered by the
@@ -120,7 +120,7 @@ def explain_dispatch(op: str, *tensors: torch.Tensor, **options) -> DispatchDeci
     arguments of the call (``mask``, ``is_causal``, ``normalizer``, ``sinks``,
     ``return_weights``, ``enable_gqa``, ``scale``, ``explicit``): the path is
     ``"fused"`` (torch's fused kernel) when the semantics are the same,
-    ``"explicit"`` otherwise (see :func:`sdpa_decision`).
+    ``"explicit"`` otherwise (see ``sdpa_decision``).
 
     Shapes: for ``"softmax"`` pass the input (normalized along its last
     dimension); for the attention ops pass ``q, k, v``.
