@@ -77,14 +77,14 @@ M = [
     ),
     (
         "empty rows not zeroed after the normalizer",
-        L + "_checks.py",
+        L + "_validate.py",
         "    return normalize(scores.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)",
         "    return normalize(scores.masked_fill(empty, 0.0))",
         ["tests/test_masking.py"],
     ),
     (
         "mask broadcast check removed",
-        L + "_checks.py",
+        L + "_validate.py",
         "    if shape != scores.shape:",
         "    if shape is None:",
         ["tests/test_checks.py", "tests/test_masking.py"],

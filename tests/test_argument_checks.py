@@ -1,4 +1,4 @@
-"""Tests of softmaxbook._checks: the argument checks and the empty-row guard every
+"""Tests of softmaxbook._validate: the argument checks and the empty-row guard every
 module shares."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from softmaxbook._checks import (
+from softmaxbook._validate import (
     check_attention_args,
     check_installed,
     check_mask,

@@ -7,8 +7,8 @@ imports included, since they hide cycles from a plain import), and:
 - the graph of imports between the library's modules has no cycle;
 - no module imports a private (``_name``) function, class or constant of
   another module: private helpers stay in their module, and what several
-  modules share lives in ``softmaxbook._checks``;
-- the kernels import nothing of the library but ``_checks`` and themselves;
+  modules share lives in ``softmaxbook._validate``;
+- the kernels import nothing of the library but ``_validate`` and themselves;
 - no module imports the package ``softmaxbook`` itself (the public API is the
   layer above the modules, not below).
 """
@@ -124,7 +124,7 @@ def test_no_module_imports_a_private_name_of_another():
 
 
 def test_kernels_import_only_the_shared_checks():
-    allowed = {f"{ROOT}._checks", f"{ROOT}.kernels"}
+    allowed = {f"{ROOT}._validate", f"{ROOT}.kernels"}
     for module in MODULES:
         if module.startswith(f"{ROOT}.kernels"):
             outside = {
@@ -149,7 +149,7 @@ def test_the_graph_is_read():
     # The test above would pass on an empty graph: check that it holds known edges.
     assert f"{ROOT}.masking" in GRAPH[f"{ROOT}.attention"]
     assert f"{ROOT}.kernels" in GRAPH[f"{ROOT}.flash"]
-    assert f"{ROOT}._checks" in GRAPH[f"{ROOT}.kernels"]
+    assert f"{ROOT}._validate" in GRAPH[f"{ROOT}.kernels"]
     assert f"{ROOT}.kernels._triton" in GRAPH[f"{ROOT}.kernels"]
     assert len(MODULES) >= 20
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._checks import check_dim, check_float, check_positive_int
+from ._validate import check_dim, check_float, check_positive_int
 
 __all__ = [
     "sparsemax",

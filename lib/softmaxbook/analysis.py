@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_mask, check_nonnegative
+from ._validate import check_dim, check_float, check_mask, check_nonnegative
 
 __all__ = ["entropy", "attention_entropy", "attention_distance", "attention_sparsity"]
 

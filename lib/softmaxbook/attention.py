@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import (
+from ._validate import (
     check_attention_args,
     check_causal,
     check_gqa_heads,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_attention_args, check_float, check_positive, check_tensor
+from ._validate import check_attention_args, check_float, check_positive, check_tensor
 
 __all__ = ["soft_cap", "max_attention_logits", "qk_clip_"]
 

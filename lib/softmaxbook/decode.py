@@ -27,7 +27,7 @@ from itertools import pairwise
 import torch
 from torch import Tensor
 
-from ._checks import (
+from ._validate import (
     check_causal,
     check_positive_int,
     check_tensor,

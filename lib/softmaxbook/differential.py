@@ -27,7 +27,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from ._checks import check_qkv
+from ._validate import check_qkv
 from .attention import scaled_dot_product_attention
 
 __all__ = ["differential_attention"]

@@ -30,8 +30,8 @@ from torch.autograd.function import once_differentiable
 
 from . import _tiles
 from . import kernels as _kernels
-from ._checks import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
-from ._checks import (
+from ._validate import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
+from ._validate import (
     check_attention_args,
     check_causal,
     check_float,

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_positive, check_positive_int, check_qkv
+from ._validate import check_positive, check_positive_int, check_qkv
 from .masking import masked_softmax
 
 __all__ = ["mask_from_mod", "block_mask_from_mod", "BlockSparsity", "flex_attention"]

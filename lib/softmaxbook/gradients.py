@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, zero_empty_rows
+from ._validate import check_dim, check_float, zero_empty_rows
 
 __all__ = [
     "softmax_jacobian",

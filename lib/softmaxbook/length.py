@@ -29,7 +29,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_real, zero_empty_rows
+from ._validate import check_dim, check_float, check_real, zero_empty_rows
 
 __all__ = ["scalable_softmax", "yarn_logit_scale", "adaptive_temperature_softmax"]
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._checks import check_float, check_nonnegative, check_positive, check_positive_int
+from ._validate import check_float, check_nonnegative, check_positive, check_positive_int
 
 __all__ = ["label_smoothed_cross_entropy", "z_loss", "chunked_cross_entropy"]
 

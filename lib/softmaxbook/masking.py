@@ -17,7 +17,7 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from ._checks import (
+from ._validate import (
     check_dim,
     check_float,
     check_mask,
@@ -200,7 +200,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
     if mask is not None:
         keep = check_mask(mask, scores)
         scores = scores.masked_fill(~keep, float("-inf"))
-    # A row with nothing left to attend gives zeros, never nan (in _checks: the same
+    # A row with nothing left to attend gives zeros, never nan (in _validate: the same
     # guard serves attention's other normalizers and the custom-backward softmax).
     return zero_empty_rows(lambda s: torch.softmax(s, dim=dim), scores, dim)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._checks import check_installed
+from ._validate import check_installed
 from .device import get_device
 from .plotting import use_style
 

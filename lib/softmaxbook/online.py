@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_positive_int
+from ._validate import check_dim, check_float, check_positive_int
 
 __all__ = ["online_softmax", "merge_attention_states"]
 

@@ -28,7 +28,7 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from ._checks import check_float, check_positive_int, check_tensor
+from ._validate import check_float, check_positive_int, check_tensor
 from .masking import causal_mask
 
 __all__ = [

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_attention_args, check_positive, check_positive_int
+from ._validate import check_attention_args, check_positive, check_positive_int
 from .flash import DEFAULT_BLOCK_SIZE, flash_attention, flash_attention_backward
 from .online import merge_attention_states
 

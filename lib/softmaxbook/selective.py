@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_attention_args
+from ._validate import check_attention_args
 from .attention import scaled_dot_product_attention
 from .masking import causal_mask
 

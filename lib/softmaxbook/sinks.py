@@ -36,7 +36,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from ._checks import (
+from ._validate import (
     check_dim,
     check_float,
     check_positive_int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_dim, check_float, check_positive
+from ._validate import check_dim, check_float, check_positive
 
 __all__ = ["softmax", "log_softmax", "logsumexp"]
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_dim, check_float
+from ._validate import check_dim, check_float
 
 __all__ = ["stick_breaking"]
 

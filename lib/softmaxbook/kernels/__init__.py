@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._checks import check_attention_args, check_causal, check_dim, check_float
+from .._validate import check_attention_args, check_causal, check_dim, check_float
 from . import dispatch
 from .dispatch import (
     INTERPRETER_ENV_VAR,

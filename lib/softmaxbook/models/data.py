@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_positive_int
+from .._validate import check_positive_int
 
 __all__ = ["make_associative_recall"]
 

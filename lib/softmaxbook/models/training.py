@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import (
+from .._validate import (
     check_installed,
     check_nonnegative,
     check_nonnegative_int,

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._checks import check_float, check_positive, check_positive_int, check_tensor
+from .._validate import check_float, check_positive, check_positive_int, check_tensor
 
 __all__ = [
     "ReliabilityTable",

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._checks import (
+from .._validate import (
     check_float,
     check_nonnegative,
     check_positive,

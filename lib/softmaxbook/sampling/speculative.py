@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._checks import check_float, check_tensor
+from .._validate import check_float, check_tensor
 
 __all__ = ["SpeculativeResult", "speculative_accept"]
 
