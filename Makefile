@@ -9,7 +9,7 @@ CHAPTERS := $(wildcard chapters/*.ipynb chapters/*/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book pdf lint format test test-fast test-portable test-oldest execute lab bench student clean
+.PHONY: all setup book pdf lint typecheck doctest format test test-fast test-portable test-oldest execute lab bench student clean
 
 all: test
 
@@ -39,13 +39,24 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
+## typecheck: mypy on lib/ (both packages; the settings are [tool.mypy] in pyproject.toml)
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## doctest: the docstrings' examples ("Equivalent to" and Examples sections) of lib/,
+# run as doctests (no GPU needed: the Triton kernels import on any machine)
+doctest: $(STAMP)
+	$(BIN)/python -m pytest --doctest-modules lib -p no:nbval -o addopts="" -q \
+	    -p no:cacheprovider
+
 ## format: apply ruff's formatting and its safe fixes
 format: $(STAMP)
 	$(BIN)/ruff format $(LINTED)
 	$(BIN)/ruff check --fix $(LINTED)
 
-## test: lint, unit tests, strict nbval on every chapter, the book build and the browser check
-test: $(STAMP) lint
+## test: lint, mypy, the doctests, unit tests, strict nbval on every chapter, the book build
+# and the browser check
+test: $(STAMP) lint typecheck doctest
 	$(BIN)/python -m pytest
 
 ## test-fast: the library's unit tests only
@@ -120,5 +131,5 @@ bench: $(STAMP)
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
-	rm -rf _build .pytest_cache .hypothesis .ruff_cache
+	rm -rf _build .pytest_cache .hypothesis .ruff_cache .mypy_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +
