@@ -146,12 +146,14 @@ def check_mask(mask, scores: Tensor, name: str = "mask") -> Tensor:
     return mask.expand(scores.shape)
 
 
-def check_qkv(q, k, v) -> tuple[int, ...]:
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, groups: int = 1) -> tuple[int, ...]:
     """Check the queries, keys and values of attention; return their batch shape.
 
     ``q`` is ``(..., L, D)``, ``k`` is ``(..., S, D)`` and ``v`` is
     ``(..., S, Dv)``: one floating dtype, one device, batch dimensions that
-    broadcast.
+    broadcast. With ``groups > 1`` (grouped-query attention, checked by
+    :func:`check_gqa_heads`) each key and value head serves ``groups`` query
+    heads: the batch shape counts the query heads.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(t, name)
@@ -168,24 +170,28 @@ def check_qkv(q, k, v) -> tuple[int, ...]:
         raise ValueError(
             f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
         )
-    if q.shape[-1] != k.shape[-1]:
+    qs, ks, vs = q.shape, k.shape, v.shape  # read once: each read costs
+    if qs[-1] != ks[-1]:
         raise ValueError(
             "q and k must have the same last dimension D, got "
-            f"q {tuple(q.shape)} and k {tuple(k.shape)}"
+            f"q {tuple(qs)} and k {tuple(ks)}"
         )
-    if k.shape[-2] != v.shape[-2]:
+    if ks[-2] != vs[-2]:
         raise ValueError(
             "k and v must have the same length S (dimension -2), got "
-            f"k {tuple(k.shape)} and v {tuple(v.shape)}"
+            f"k {tuple(ks)} and v {tuple(vs)}"
         )
-    if q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        return q.shape[:-2]  # the common case, without broadcast_shapes' cost
+    qb, kb, vb = qs[:-2], ks[:-2], vs[:-2]
+    if groups > 1:  # the heads k and v stand for (dimension -3)
+        kb, vb = kb[:-1] + (kb[-1] * groups,), vb[:-1] + (vb[-1] * groups,)
+    if qb == kb == vb:
+        return qb  # the common case, without broadcast_shapes' cost
     try:
-        return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        return torch.broadcast_shapes(qb, kb, vb)
     except RuntimeError:
         raise ValueError(
-            f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and "
-            f"v {tuple(v.shape)} do not broadcast"
+            f"the batch dimensions of q {tuple(qs)}, k {tuple(ks)} and "
+            f"v {tuple(vs)} do not broadcast"
         ) from None
 
 
