@@ -16,6 +16,8 @@ what a backward pass has saved, and the Jacobian is a function of it alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -51,7 +53,18 @@ def softmax_jacobian(s: Tensor, dim: int = -1) -> Tensor:
     order (``dim`` is moved to the end before the last axis is appended).
 
     Equivalent to ``torch.diag_embed(s) - s[..., :, None] * s[..., None, :]``
-    for ``dim=-1``.
+    for ``dim=-1``, and to the Jacobian torch's autograd finds:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(4, dtype=torch.float64)
+    >>> s = torch.softmax(x, -1)
+    >>> J = sb.softmax_jacobian(s)
+    >>> torch.allclose(J, torch.diag_embed(s) - s[:, None] * s[None, :])
+    True
+    >>> J_autograd = torch.autograd.functional.jacobian(lambda x: x.softmax(-1), x)
+    >>> torch.allclose(J, J_autograd), torch.allclose(J.sum(-1), torch.zeros_like(s))
+    (True, True)
 
     Parameters
     ----------
@@ -97,7 +110,20 @@ def softmax_backward(s: Tensor, grad_output: Tensor, dim: int = -1) -> Tensor:
     same shape; the result has that shape too.
 
     Equivalent to ``s * (g - (s * g).sum(dim, keepdim=True))``, and to
-    ``softmax_jacobian(s) @ g`` for ``dim=-1``.
+    ``softmax_jacobian(s) @ g`` for ``dim=-1``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    >>> g = torch.randn(3, 5, dtype=torch.float64)
+    >>> s = torch.softmax(x, -1)
+    >>> (x_grad,) = torch.autograd.grad(s, x, g)
+    >>> vjp = sb.softmax_backward(s.detach(), g)
+    >>> torch.allclose(vjp, x_grad)
+    True
+    >>> jacobian = sb.softmax_jacobian(s.detach())
+    >>> torch.allclose(vjp, (jacobian @ g[..., None])[..., 0])
+    True
 
     Parameters
     ----------
@@ -167,18 +193,19 @@ class SoftmaxFunction(torch.autograd.Function):
         return zero_empty_rows(lambda z: torch.softmax(z, dim=dim), x, dim)
 
     @staticmethod
-    def setup_context(ctx, inputs: tuple[Tensor, int], output: Tensor) -> None:
+    # ctx is typed Any: torch's FunctionCtx does not declare the attributes set on it.
+    def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
         ctx.dim = inputs[1]
         ctx.save_for_backward(output)  # the Jacobian is a function of s alone
         ctx.save_for_forward(output)
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor, None]:
         (s,) = ctx.saved_tensors
         return softmax_backward(s, grad_output, ctx.dim), None
 
     @staticmethod
-    def jvp(ctx, x_tangent: Tensor, _dim_tangent: None) -> Tensor:
+    def jvp(ctx: Any, x_tangent: Tensor, _dim_tangent: None) -> Tensor:
         # Forward mode (torch.func.jacfwd, hessian): J is symmetric, so J t has
         # the form of the vector-Jacobian product.
         (s,) = ctx.saved_tensors
@@ -197,7 +224,18 @@ def softmax_with_custom_backward(x: Tensor, dim: int = -1) -> Tensor:
 
     Shapes: ``x`` is ``(..., N)`` along ``dim``; the result has its shape and dtype.
 
-    Equivalent to ``SoftmaxFunction.apply(x, dim)``.
+    Equivalent to ``SoftmaxFunction.apply(x, dim)``; its values and gradients are
+    torch's:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    >>> g = torch.randn(2, 6, dtype=torch.float64)
+    >>> ours = torch.autograd.grad(sb.softmax_with_custom_backward(x), x, g)[0]
+    >>> torch.allclose(ours, torch.autograd.grad(x.softmax(-1), x, g)[0])
+    True
+    >>> sb.softmax_with_custom_backward(torch.full((3,), float("-inf")))
+    tensor([0., 0., 0.])
 
     Parameters
     ----------

@@ -23,24 +23,33 @@ Throughout, the classes are along the last dimension (``torch``'s
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._validate import check_float, check_nonnegative, check_positive, check_positive_int
+from ._validate import (
+    check_float,
+    check_nonnegative,
+    check_positive,
+    check_positive_int,
+)
 
 __all__ = ["label_smoothed_cross_entropy", "z_loss", "chunked_cross_entropy"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _check_reduction(reduction) -> str:
+def _check_reduction(reduction: object) -> str:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    return reduction
+    return str(reduction)
 
 
-def _check_target(target, batch_shape, V: int, ignore_index: int) -> Tensor:
+def _check_target(
+    target: object, batch_shape: torch.Size, V: int, ignore_index: int
+) -> Tensor:
     """Check integer targets of shape ``batch_shape`` with values in ``[0, V)``."""
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
@@ -105,11 +114,11 @@ def label_smoothed_cross_entropy(
 
     Equal to ``F.cross_entropy(logits.movedim(-1, 1), target,
     label_smoothing=smoothing, ignore_index=ignore_index)`` when every logit
-    is finite. A ``-inf`` logit is a removed class: it gets no smoothing mass
-    and :math:`K` counts only the finite logits of the row (torch spreads
-    mass onto it and returns ``inf``). Rows whose target is ``ignore_index``
-    contribute 0 and do not count in the mean; if no row counts, the mean
-    is 0. float16 and bfloat16 logits are computed in float32.
+    is finite (see the example below). A ``-inf`` logit is a removed class: it
+    gets no smoothing mass and :math:`K` counts only the finite logits of the
+    row (torch spreads mass onto it and returns ``inf``). Rows whose target is
+    ``ignore_index`` contribute 0 and do not count in the mean; if no row
+    counts, the mean is 0. float16 and bfloat16 logits are computed in float32.
 
     Shapes: ``logits`` is ``(..., V)``, ``target`` is ``(...)`` (integers);
     the result is a scalar, or ``(...)`` with ``reduction="none"``, in
@@ -141,6 +150,20 @@ def label_smoothed_cross_entropy(
     ValueError
         If the shapes do not fit, a target is out of range, ``smoothing`` is
         outside ``[0, 1]``, or ``reduction`` is unknown.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> import softmaxbook as sb
+    >>> logits, target = torch.randn(4, 6, 10), torch.randint(10, (4, 6))
+    >>> target[0, :2] = -100  # ignored rows
+    >>> ours = sb.label_smoothed_cross_entropy(logits, target, smoothing=0.1)
+    >>> theirs = F.cross_entropy(
+    ...     logits.movedim(-1, 1), target, label_smoothing=0.1, ignore_index=-100
+    ... )
+    >>> torch.allclose(ours, theirs)
+    True
     """
     check_float(logits, "logits")
     if logits.dim() == 0:
@@ -181,6 +204,17 @@ def z_loss(logits: Tensor, *, reduction: str = "mean") -> Tensor:
 
     Shapes: ``logits`` is ``(..., V)``; the result is a scalar, or ``(...)``
     with ``reduction="none"``.
+
+    Equivalent to ``torch.logsumexp(logits, -1) ** 2`` (with ``"none"``):
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> logits = torch.randn(3, 8)
+    >>> values = sb.z_loss(logits, reduction="none")
+    >>> torch.allclose(values, torch.logsumexp(logits, -1) ** 2)
+    True
+    >>> sb.z_loss(torch.tensor([[0.0, 0.0], [-0.5, -0.5]]), reduction="none")
+    tensor([0.4805, 0.0373])
 
     Parameters
     ----------
@@ -251,7 +285,23 @@ def chunked_cross_entropy(
     with ``reduction="none"``.
 
     Equivalent to ``F.cross_entropy(hidden.reshape(-1, D) @ weight.T + bias,
-    target.reshape(-1), ignore_index=ignore_index)`` (for ``"mean"``).
+    target.reshape(-1), ignore_index=ignore_index)`` (for ``"mean"``), in the
+    values and in the gradients:
+
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> import softmaxbook as sb
+    >>> hidden = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    >>> weight = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    >>> target = torch.randint(11, (2, 5))
+    >>> ours = sb.chunked_cross_entropy(hidden, weight, target, chunk_size=3)
+    >>> theirs = F.cross_entropy(hidden.reshape(-1, 8) @ weight.T, target.reshape(-1))
+    >>> torch.allclose(ours, theirs)
+    True
+    >>> grads = torch.autograd.grad(ours, (hidden, weight))
+    >>> expected = torch.autograd.grad(theirs, (hidden, weight))
+    >>> all(torch.allclose(a, b) for a, b in zip(grads, expected))
+    True
 
     Parameters
     ----------
@@ -320,7 +370,13 @@ def chunked_cross_entropy(
     return _reduce(per_row, counted, reduction)
 
 
-def _chunk_logits(h: Tensor, weight: Tensor, bias, cap, acc) -> Tensor:
+def _chunk_logits(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cap: float | None,
+    acc: torch.dtype,
+) -> Tensor:
     """The logits of one chunk, ``(c, V)``, in the accumulation dtype."""
     z = h.to(acc) @ weight.to(acc).T
     if bias is not None:
@@ -332,7 +388,15 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     """Per-row cross-entropy of ``hidden @ weight.T + bias``, a chunk at a time."""
 
     @staticmethod
-    def forward(hidden, weight, bias, target, chunk_size, cap, ignore_index):
+    def forward(
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        chunk_size: int,
+        cap: float | None,
+        ignore_index: int,
+    ) -> tuple[Tensor, Tensor]:
         acc = torch.promote_types(hidden.dtype, torch.float32)
         N = hidden.shape[0]
         losses = torch.zeros(N, dtype=acc, device=hidden.device)
@@ -348,7 +412,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return losses, lse
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    # ctx is typed Any: torch's FunctionCtx does not declare the attributes set on it.
+    def setup_context(
+        ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]
+    ) -> None:
         hidden, weight, bias, target, chunk_size, cap, ignore_index = inputs
         _, lse = output
         ctx.save_for_backward(hidden, weight, bias, target, lse)
@@ -357,7 +424,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_losses, _grad_lse):
+    def backward(
+        ctx: Any, grad_losses: Tensor, _grad_lse: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, target, lse = ctx.saved_tensors
         cap, acc = ctx.cap, lse.dtype
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None

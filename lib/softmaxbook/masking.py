@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 
-def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
+def causal_mask(
+    L: int, S: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
     r"""Boolean causal mask: query :math:`i` may attend to key :math:`j` iff
     :math:`j \le i`.
 
@@ -48,7 +50,12 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
 
     Shapes: returns ``(L, S)`` (``S`` defaults to ``L``), dtype ``bool``.
 
-    Equivalent to ``torch.ones(L, S, dtype=torch.bool).tril()``.
+    Equivalent to ``torch.ones(L, S, dtype=torch.bool).tril()``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> torch.equal(sb.causal_mask(3, 5), torch.ones(3, 5, dtype=torch.bool).tril())
+    True
 
     Parameters
     ----------
@@ -78,7 +85,12 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> Tensor:
     return cols <= rows  # (L, S)
 
 
-def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
+def padding_mask(
+    lengths: Tensor | Sequence[int],
+    max_len: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
     r"""Boolean padding mask: position :math:`j` of sequence :math:`b` is real iff
     :math:`j < \ell_b`.
 
@@ -88,7 +100,13 @@ def padding_mask(lengths, max_len: int | None = None, *, device=None) -> Tensor:
     True on real tokens. Use ``mask[:, None, None, :]`` to broadcast it over
     the heads and queries of ``(B, H, L, S)`` scores.
 
-    Equivalent to ``torch.arange(max_len) < lengths[:, None]``.
+    Equivalent to ``torch.arange(max_len) < lengths[:, None]``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> lengths = torch.tensor([2, 4])
+    >>> torch.equal(sb.padding_mask(lengths, 5), torch.arange(5) < lengths[:, None])
+    True
 
     Parameters
     ----------
@@ -168,7 +186,16 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
     broadcasts to it; the result has the shape and dtype of ``scores``.
 
     Equivalent to ``torch.softmax(scores.masked_fill(~mask, -inf), dim)``
-    except that fully masked rows give zeros instead of ``nan``.
+    except that fully masked rows give zeros instead of ``nan``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> scores = torch.randn(3, 4)
+    >>> mask = torch.tensor([[1, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]]).bool()
+    >>> p = sb.masked_softmax(scores, mask)
+    >>> naive = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    >>> torch.allclose(p[:2], naive[:2]), naive[2].isnan().all().item(), p[2].tolist()
+    (True, True, [0.0, 0.0, 0.0, 0.0])
 
     Parameters
     ----------
@@ -213,7 +240,12 @@ def mask_fill_value(dtype: torch.dtype) -> float:
     constant such as ``-1e9`` overflows to ``-inf`` in float16. Prefer
     :func:`~softmaxbook.masking.masked_softmax`, which needs no fill value at all.
 
-    Equivalent to ``torch.finfo(dtype).min``.
+    Equivalent to ``torch.finfo(dtype).min``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> sb.mask_fill_value(torch.float16), torch.finfo(torch.float16).min
+    (-65504.0, -65504.0)
 
     Parameters
     ----------
@@ -245,7 +277,13 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
     Shapes: same as ``mask``; dtype ``dtype``, device of ``mask``.
 
-    Equivalent to ``torch.zeros(mask.shape).masked_fill(~mask, -inf)``.
+    Equivalent to ``torch.zeros(mask.shape).masked_fill(~mask, -inf)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> sb.additive_mask(sb.causal_mask(2))
+    tensor([[0., -inf],
+            [0., 0.]])
 
     Parameters
     ----------

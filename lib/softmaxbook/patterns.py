@@ -41,7 +41,9 @@ __all__ = [
 ]
 
 
-def _int_vector(values, name: str, device=None) -> Tensor:
+def _int_vector(
+    values: object, name: str, device: torch.device | str | None = None
+) -> Tensor:
     """``values`` as a 1-D ``torch.long`` tensor; a ``TypeError`` for anything else."""
     if isinstance(values, Tensor):
         if (
@@ -65,7 +67,7 @@ def _int_vector(values, name: str, device=None) -> Tensor:
     )
 
 
-def _check_ids(ids, name: str) -> Tensor:
+def _check_ids(ids: Tensor, name: str) -> Tensor:
     check_tensor(ids, name)
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
@@ -74,7 +76,12 @@ def _check_ids(ids, name: str) -> Tensor:
     return ids
 
 
-def document_ids(lengths, total: int | None = None, *, device=None) -> Tensor:
+def document_ids(
+    lengths: Tensor | Sequence[int],
+    total: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
     r"""The document id of every position of a packed row: ``[0]*n_0 + [1]*n_1 + ...``.
 
     Positions after the last document (padding up to ``total``) get the id
@@ -85,7 +92,14 @@ def document_ids(lengths, total: int | None = None, *, device=None) -> Tensor:
     one result per row.
 
     Equivalent to ``torch.repeat_interleave(torch.arange(N), lengths)``,
-    padded with ``-1``.
+    padded with ``-1``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> sb.document_ids([2, 1, 3], total=8)
+    tensor([ 0,  0,  1,  2,  2,  2, -1, -1])
+    >>> torch.repeat_interleave(torch.arange(3), torch.tensor([2, 1, 3]))
+    tensor([0, 0, 1, 2, 2, 2])
 
     Parameters
     ----------
@@ -146,7 +160,19 @@ def document_mask(
     head dimension with ``mask[:, None]`` for ``(B, H, L, S)`` scores.
 
     Equivalent to ``(q_ids[..., :, None] == kv_ids[..., None, :]) &
-    (q_ids[..., :, None] >= 0)``.
+    (q_ids[..., :, None] >= 0)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> ids = sb.document_ids([2, 1], total=4)  # tensor([ 0,  0,  1, -1])
+    >>> mask = sb.document_mask(ids)
+    >>> torch.equal(mask, (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0))
+    True
+    >>> mask.int()
+    tensor([[1, 1, 0, 0],
+            [1, 1, 0, 0],
+            [0, 0, 1, 0],
+            [0, 0, 0, 0]], dtype=torch.int32)
 
     Parameters
     ----------
@@ -191,7 +217,12 @@ def document_mask(
 
 
 def sliding_window_mask(
-    L: int, S: int | None = None, *, window: int, causal: bool = True, device=None
+    L: int,
+    S: int | None = None,
+    *,
+    window: int,
+    causal: bool = True,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     r"""Local attention: query :math:`i` sees the ``window`` keys
     :math:`i - w < j \le i` (causal), or :math:`|i - j| < w` (two-sided).
@@ -207,7 +238,16 @@ def sliding_window_mask(
     Shapes: returns ``(L, S)`` (``S`` defaults to ``L``), dtype ``bool``.
 
     Equivalent to ``(j <= i) & (j > i - window)`` for ``i = arange(L)[:,
-    None]``, ``j = arange(S)``.
+    None]``, ``j = arange(S)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> i, j = torch.arange(5)[:, None], torch.arange(5)
+    >>> mask = sb.sliding_window_mask(5, window=2)
+    >>> torch.equal(mask, (j <= i) & (j > i - 2))
+    True
+    >>> mask.sum(-1)  # the first query has only itself to see
+    tensor([1, 2, 2, 2, 2])
 
     Parameters
     ----------
@@ -246,7 +286,12 @@ def sliding_window_mask(
     return distance.abs() < window
 
 
-def prefix_lm_mask(L: int, prefix_lengths, *, device=None) -> Tensor:
+def prefix_lm_mask(
+    L: int,
+    prefix_lengths: int | Tensor | Sequence[int],
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
     r"""Prefix-LM mask: the first :math:`p` positions see each other, the rest is
     causal. Query :math:`i` may attend to key :math:`j` iff :math:`j < p` or
     :math:`j \le i`.
@@ -259,7 +304,18 @@ def prefix_lm_mask(L: int, prefix_lengths, *, device=None) -> Tensor:
     Shapes: ``prefix_lengths`` is an int (returns ``(L, L)``) or ``(B,)``, one
     prefix per sequence (returns ``(B, L, L)``); dtype ``bool``.
 
-    Equivalent to ``causal_mask(L) | (arange(L) < p)``.
+    Equivalent to ``causal_mask(L) | (arange(L) < p)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> mask = sb.prefix_lm_mask(4, 2)
+    >>> torch.equal(mask, sb.causal_mask(4) | (torch.arange(4) < 2))
+    True
+    >>> mask.int()
+    tensor([[1, 1, 0, 0],
+            [1, 1, 0, 0],
+            [1, 1, 1, 0],
+            [1, 1, 1, 1]], dtype=torch.int32)
 
     Parameters
     ----------
@@ -297,7 +353,7 @@ def prefix_lm_mask(L: int, prefix_lengths, *, device=None) -> Tensor:
     return mask[0] if single else mask
 
 
-def alibi_slopes(n_heads: int, *, device=None) -> Tensor:
+def alibi_slopes(n_heads: int, *, device: torch.device | str | None = None) -> Tensor:
     r"""ALiBi's head slopes: the geometric sequence :math:`m_h = 2^{-8h/H}`,
     :math:`h = 1, \dots, H`.
 
@@ -308,6 +364,10 @@ def alibi_slopes(n_heads: int, *, device=None) -> Tensor:
     slopes match models trained with ALiBi (Press et al., 2022).
 
     Shapes: returns ``(H,)``, float32.
+
+    >>> import softmaxbook as sb
+    >>> sb.alibi_slopes(4).tolist()  # 2 ** (-8 h / 4)
+    [0.25, 0.0625, 0.015625, 0.00390625]
 
     Parameters
     ----------
@@ -355,6 +415,12 @@ def alibi_bias(slopes: Tensor, L: int, S: int | None = None) -> Tensor:
 
     Shapes: ``slopes`` is ``(H,)``; returns ``(H, L, S)`` in the dtype and on
     the device of ``slopes``. Broadcasts against ``(B, H, L, S)`` scores.
+
+    >>> import softmaxbook as sb
+    >>> sb.alibi_bias(sb.alibi_slopes(2), 3)[0]  # the first head: slope 1/16
+    tensor([[ 0.0000, -0.0625, -0.1250],
+            [-0.0625,  0.0000, -0.0625],
+            [-0.1250, -0.0625,  0.0000]])
 
     Parameters
     ----------
