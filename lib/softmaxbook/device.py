@@ -73,6 +73,14 @@ def get_device(prefer: str | torch.device | None = None) -> torch.device:
         If the requested device string is not a device torch knows.
     RuntimeError
         If the requested device is not available on this machine.
+
+    Examples
+    --------
+    >>> import softmaxbook as sb
+    >>> sb.get_device("cpu")
+    device(type='cpu')
+    >>> sb.get_device().type in {"cuda", "mps", "cpu"}
+    True
     """
     requested = (
         prefer if prefer is not None else os.environ.get(DEVICE_ENV_VAR, "").strip()

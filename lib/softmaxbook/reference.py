@@ -11,6 +11,7 @@ Shapes: ``x`` is ``(..., N)`` and the functions reduce along ``axis``
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "naive_softmax",
@@ -22,19 +23,25 @@ __all__ = [
 ]
 
 
-def _as_float64(x) -> np.ndarray:
+def _as_float64(x: npt.ArrayLike) -> np.ndarray:
     x = np.asarray(x)
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise TypeError(f"x must be a real numeric array, got dtype {x.dtype}")
     return x.astype(np.float64)
 
 
-def naive_softmax(x, axis: int = -1) -> np.ndarray:
+def naive_softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Softmax straight from the definition: :math:`e^{x_i} / \sum_j e^{x_j}`.
 
     Deliberately unstable: ``exp`` overflows to ``inf`` for inputs above about
     709 (in float64), and the result becomes ``nan``. Chapter 2 uses it to show
     why :func:`softmax` subtracts the maximum first.
+
+    >>> from softmaxbook import reference
+    >>> reference.naive_softmax([1.0, 2.0, 3.0]).round(4).tolist()
+    [0.09, 0.2447, 0.6652]
+    >>> reference.naive_softmax([1000.0, 0.0]).tolist()  # e^1000 overflows
+    [nan, 0.0]
     """
     x = _as_float64(x)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -42,7 +49,7 @@ def naive_softmax(x, axis: int = -1) -> np.ndarray:
         return e / e.sum(axis=axis, keepdims=True)
 
 
-def softmax(x, axis: int = -1) -> np.ndarray:
+def softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Stable softmax: :math:`e^{x_i - m} / \sum_j e^{x_j - m}` with
     :math:`m = \max_j x_j`.
 
@@ -52,6 +59,12 @@ def softmax(x, axis: int = -1) -> np.ndarray:
 
     A row whose entries are all ``-inf`` has no mass to normalize; it gives
     zeros rather than ``nan`` (the convention for fully masked attention rows).
+
+    >>> from softmaxbook import reference
+    >>> reference.softmax([1000.0, 0.0]).tolist()
+    [1.0, 0.0]
+    >>> reference.softmax([[-float("inf"), -float("inf")]]).tolist()
+    [[0.0, 0.0]]
     """
     x = _as_float64(x)
     m = np.max(x, axis=axis, keepdims=True)
@@ -63,11 +76,18 @@ def softmax(x, axis: int = -1) -> np.ndarray:
         return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
 
 
-def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
+def logsumexp(x: npt.ArrayLike, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
     :math:`m = \max_j x_j`.
 
     A row of all ``-inf`` gives ``-inf`` (the log of an empty sum).
+
+    >>> import math
+    >>> from softmaxbook import reference
+    >>> math.isclose(reference.logsumexp([0.0, 0.0]), math.log(2))
+    True
+    >>> round(float(reference.logsumexp([1000.0, 1000.0])), 6)  # 1000 + log 2
+    1000.693147
     """
     x = _as_float64(x)
     m = np.max(x, axis=axis, keepdims=True)
@@ -78,17 +98,25 @@ def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
-def log_softmax(x, axis: int = -1) -> np.ndarray:
+def log_softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Stable :math:`\log \mathrm{softmax}(x)_i = x_i - \operatorname{logsumexp}(x)`.
 
     Never takes the log of a rounded-to-zero probability, so very negative
     log-probabilities stay finite where ``log(softmax(x))`` gives ``-inf``.
+
+    >>> import numpy as np
+    >>> from softmaxbook import reference
+    >>> reference.log_softmax([0.0, -1000.0]).tolist()
+    [0.0, -1000.0]
+    >>> with np.errstate(divide="ignore"):
+    ...     np.log(reference.softmax([0.0, -1000.0])).tolist()
+    [0.0, -inf]
     """
     x = _as_float64(x)
     return x - logsumexp(x, axis=axis, keepdims=True)
 
 
-def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
+def online_softmax(x: npt.ArrayLike, axis: int = -1, block_size: int = 1) -> np.ndarray:
     r"""Streaming softmax of Milakov & Gimelshein (2018): one pass for the normalizer.
 
     Reads the row in blocks while keeping a running maximum :math:`m` and a
@@ -99,6 +127,12 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
 
     A second pass writes :math:`e^{x_i - m} / d`. With ``block_size=1`` this
     is exactly the paper's element-by-element loop.
+
+    >>> import numpy as np
+    >>> from softmaxbook import reference
+    >>> x = np.random.default_rng(0).normal(size=(3, 10))
+    >>> np.allclose(reference.online_softmax(x, block_size=4), reference.softmax(x))
+    True
     """
     x = _as_float64(x)
     if block_size < 1:
@@ -119,7 +153,7 @@ def online_softmax(x, axis: int = -1, block_size: int = 1) -> np.ndarray:
     return np.moveaxis(out, -1, axis)
 
 
-def sparsemax(x, axis: int = -1) -> np.ndarray:
+def sparsemax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the
     simplex.
 
@@ -130,6 +164,10 @@ def sparsemax(x, axis: int = -1) -> np.ndarray:
     decreasing order, the support size is the largest :math:`k` with
     :math:`1 + k z_k > \sum_{j \le k} z_j`, and
     :math:`\tau = (\sum_{j \le k} z_j - 1) / k`.
+
+    >>> from softmaxbook import reference
+    >>> reference.sparsemax([1.0, 0.8, -1.0]).round(4).tolist()  # tau = 0.4
+    [0.6, 0.4, 0.0]
     """
     x = _as_float64(x)
     x = np.moveaxis(x, axis, -1)

@@ -17,7 +17,7 @@ def make_associative_recall(
     n_keys: int = 16,
     n_values: int = 16,
     generator: torch.Generator | None = None,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Associative recall: :math:`k_1 v_1 \dots k_P v_P\, q \mapsto v_i` where
     :math:`k_i = q`.
