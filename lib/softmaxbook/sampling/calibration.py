@@ -37,12 +37,13 @@ class ReliabilityTable(NamedTuple):
 
     lower: Tensor
     upper: Tensor
-    count: Tensor
+    # The field shadows tuple.count (mypy objects); it keeps its public name.
+    count: Tensor  # type: ignore[assignment]
     confidence: Tensor
     accuracy: Tensor
 
 
-def _check_probs_labels(probs, labels) -> tuple[Tensor, Tensor]:
+def _check_probs_labels(probs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     check_float(probs, "probs")
     check_tensor(labels, "labels")
     if probs.dim() != 2:
@@ -174,6 +175,13 @@ def expected_calibration_error(
 
     Shapes: ``probs`` is ``(n, C)``, ``labels`` is ``(n,)``.
 
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> probs = torch.tensor([[0.9, 0.1]] * 10)  # 90% sure of class 0, every time
+    >>> labels = torch.tensor([0] * 7 + [1] * 3)  # right 7 times in 10
+    >>> round(sb.expected_calibration_error(probs, labels), 6)  # |0.7 - 0.9|
+    0.2
+
     Parameters
     ----------
     probs : Tensor
@@ -247,6 +255,14 @@ def fit_temperature(
     why the temperature must be fitted on a validation split.
 
     Shapes: ``logits`` is ``(n, C)``, ``labels`` is ``(n,)``.
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> logits = torch.tensor([[1.0, 0.0]] * 10)  # the same prediction ten times
+    >>> labels = torch.tensor([0] * 7 + [1] * 3)  # right 7 times in 10
+    >>> T = sb.fit_temperature(logits, labels)  # softmax(z / T) gives class 0 0.7
+    >>> round(T, 4), round(torch.softmax(logits[0] / T, -1)[0].item(), 4)
+    (1.1802, 0.7)
 
     Parameters
     ----------

@@ -27,7 +27,7 @@ from .._validate import (
 __all__ = ["top_k_filter", "top_p_filter", "min_p_filter", "sample"]
 
 
-def _check_logits(logits, name: str = "logits") -> Tensor:
+def _check_logits(logits: Tensor, name: str = "logits") -> Tensor:
     check_float(logits, name)
     if logits.dim() == 0:
         raise ValueError(
@@ -63,7 +63,17 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     and device.
 
     Equivalent to
-    ``logits.masked_fill(logits < logits.topk(k).values[..., -1:], -inf)``.
+    ``logits.masked_fill(logits < logits.topk(k).values[..., -1:], -inf)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> logits = torch.tensor([1.0, 3.0, 2.0, 0.5])
+    >>> sb.top_k_filter(logits, 2)
+    tensor([-inf, 3., 2., -inf])
+    >>> kth = logits.topk(2).values[..., -1:]
+    >>> expected = logits.masked_fill(logits < kth, float("-inf"))
+    >>> torch.equal(sb.top_k_filter(logits, 2), expected)
+    True
 
     Parameters
     ----------
@@ -119,6 +129,12 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
 
     Shapes: ``logits`` is ``(..., V)``; the result has the same shape, dtype
     and device.
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> probs = torch.tensor([0.5, 0.1, 0.3, 0.1])
+    >>> sb.top_p_filter(probs.log(), 0.75).softmax(-1)  # 0.5 + 0.3 reaches 0.75
+    tensor([0.6250, 0.0000, 0.3750, 0.0000])
 
     Parameters
     ----------
@@ -181,7 +197,16 @@ def min_p_filter(logits: Tensor, p: float) -> Tensor:
 
     Equivalent to
     ``logits.masked_fill(softmax(logits) < p * softmax(logits).amax(-1,
-    keepdim=True), -inf)``, up to rounding at the boundary.
+    keepdim=True), -inf)``, up to rounding at the boundary:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> logits = torch.randn(4, 50)
+    >>> probs = logits.softmax(-1)
+    >>> low = probs < 0.1 * probs.amax(-1, keepdim=True)
+    >>> expected = logits.masked_fill(low, float("-inf"))
+    >>> torch.equal(sb.min_p_filter(logits, 0.1), expected)
+    True
 
     Parameters
     ----------
@@ -245,6 +270,16 @@ def sample(
 
     Shapes: ``logits`` is ``(..., V)``; the result is ``(...)`` with dtype
     ``torch.long`` (a 0-dim tensor for ``(V,)`` input).
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(1000, 4)
+    >>> tokens = sb.sample(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    >>> tokens.shape, sorted(tokens.unique().tolist())  # only the two best tokens
+    (torch.Size([1000]), [0, 1])
+    >>> again = sb.sample(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    >>> torch.equal(tokens, again)  # the same generator state, the same tokens
+    True
 
     Parameters
     ----------

@@ -39,7 +39,7 @@ class SpeculativeResult(NamedTuple):
     next_token: Tensor
 
 
-def _check_probs(probs, name: str) -> Tensor:
+def _check_probs(probs: Tensor, name: str) -> Tensor:
     check_float(probs, name)
     if probs.dim() < 2:
         raise ValueError(
@@ -85,6 +85,14 @@ def speculative_accept(
     Shapes: ``target_probs`` is ``(..., K + 1, V)``, ``draft_probs`` is
     ``(..., K, V)``, ``draft_tokens`` is ``(..., K)`` (integers); both fields
     of the result are ``(...)``, ``torch.long``.
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> p = torch.softmax(torch.randn(4, 8), -1)  # the target, K + 1 = 4 positions
+    >>> tokens = torch.multinomial(p[:3], 1).squeeze(-1)  # a draft that is the target
+    >>> result = sb.speculative_accept(p, p[:3], tokens)
+    >>> result.n_accepted.item()  # p = q: every draft token is accepted
+    3
 
     Parameters
     ----------
