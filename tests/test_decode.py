@@ -162,8 +162,11 @@ def test_split_k_bad_input():
         sb.split_k_attention(q, k, v, splits=0, enable_gqa=True)
     with pytest.raises(ValueError, match="not both"):
         sb.split_k_attention(
-            q, k, v, splits=2, is_causal=True, mask=torch.ones(1, 300, dtype=torch.bool)
-        )
+            q, k, v, splits=2, is_causal=True, enable_gqa=True,
+            mask=torch.ones(1, 300, dtype=torch.bool),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="split_k_attention does not support dropout"):
+        sb.split_k_attention(q, k, v, splits=2, enable_gqa=True, dropout_p=0.1)
     with pytest.raises(ValueError, match="dividing the number of query heads"):
         sb.split_k_attention(
             q, k[:, :1].expand(2, 3, 300, 16), v, splits=2, enable_gqa=True

@@ -37,7 +37,7 @@ def _assert_equal_within_float32(run, q, k, v, grad_out, is_causal):
 def test_two_processes_match_single_process_attention():
     q, k, v, grad_out = _inputs(96)
     run = sb.run_ring_attention(
-        q, k, v, world_size=2, grad_out=grad_out, timeout=TIMEOUT
+        q, k, v, world_size=2, grad_output=grad_out, timeout=TIMEOUT
     )
     _assert_equal_within_float32(run, q, k, v, grad_out, False)
     assert run.input_bytes == [3 * 48 * 2 * 16 * 4] * 2  # each rank: half of q, k, v
@@ -47,7 +47,7 @@ def test_two_processes_match_single_process_attention():
 def test_four_processes_causal_match_single_process_attention():
     q, k, v, grad_out = _inputs(128, seed=1)
     run = sb.run_ring_attention(
-        q, k, v, world_size=4, is_causal=True, grad_out=grad_out, timeout=TIMEOUT
+        q, k, v, world_size=4, is_causal=True, grad_output=grad_out, timeout=TIMEOUT
     )
     _assert_equal_within_float32(run, q, k, v, grad_out, True)
 
@@ -63,7 +63,7 @@ def test_memory_per_rank_shrinks_with_the_number_of_ranks():
     peaks = {}
     for world in (2, 4):
         run = sb.run_ring_attention(
-            q, k, v, world_size=world, grad_out=grad_out, timeout=TIMEOUT
+            q, k, v, world_size=world, grad_output=grad_out, timeout=TIMEOUT
         )
         peaks[world] = run.peak_bytes
         assert run.input_bytes == [3 * q.numel() * 4 // world] * world
@@ -78,6 +78,28 @@ def test_ring_attention_needs_torch_distributed():
         sb.ring_attention(q, k, v)
 
 
+def test_ring_attention_names_the_options_it_does_not_support():
+    q, k, v, _ = _inputs(8)
+    for option, value in [
+        ("mask", torch.ones(8, 8, dtype=torch.bool)),
+        ("mask", torch.zeros(8, 8)),
+        ("sinks", torch.zeros(2)),
+        ("dropout_p", 0.1),
+    ]:
+        with pytest.raises(ValueError, match="ring_attention does not support"):
+            sb.ring_attention(q, k, v, **{option: value})
+    kv = k[:, :1]
+    with pytest.raises(ValueError, match="ring_attention does not support enable_gqa"):
+        sb.ring_attention(q, kv, kv, enable_gqa=True)
+
+
+def test_run_ring_attention_grad_out_is_deprecated():
+    q, k, v, grad_out = _inputs(8)
+    with pytest.warns(DeprecationWarning, match="grad_output="):
+        with pytest.raises(ValueError, match="grad_output must have shape"):
+            sb.run_ring_attention(q, k, v, world_size=2, grad_out=grad_out[..., :4])
+
+
 def test_run_ring_attention_bad_input():
     q, k, v, grad_out = _inputs(8)
     with pytest.raises(ValueError, match="world_size must be >= 1"):
@@ -86,8 +108,8 @@ def test_run_ring_attention_bad_input():
         sb.run_ring_attention(q, k, v, world_size=9)
     with pytest.raises(ValueError, match="same batch dimensions"):
         sb.run_ring_attention(q, k[:, :1], v[:, :1], world_size=2)
-    with pytest.raises(ValueError, match="grad_out must have shape"):
-        sb.run_ring_attention(q, k, v, world_size=2, grad_out=grad_out[..., :4])
+    with pytest.raises(ValueError, match="grad_output must have shape"):
+        sb.run_ring_attention(q, k, v, world_size=2, grad_output=grad_out[..., :4])
 
 
 @pytest.mark.slow
@@ -107,7 +129,7 @@ def test_bfloat16_inputs_give_bfloat16_results_rounded_once():
     # once at the end, so the output is as close to exact attention as one rounding.
     q, k, v, grad_out = (t.bfloat16() for t in _inputs(96, d=16, seed=2))
     run = sb.run_ring_attention(
-        q, k, v, world_size=4, grad_out=grad_out, timeout=TIMEOUT
+        q, k, v, world_size=4, grad_output=grad_out, timeout=TIMEOUT
     )
     assert run.out.dtype == torch.bfloat16
     assert [g.dtype for g in run.grads] == [torch.bfloat16] * 3

@@ -211,20 +211,18 @@ def resolve_attention(
         scale = 1.0 / math.sqrt(D) if D else 1.0
     else:
         scale = check_positive(scale, "scale")
-    additive = False
-    if mask is not None:
-        if causal is not None:
-            raise ValueError(
-                "pass either mask or is_causal=True, not both "
-                "(combine them yourself: mask & causal_mask(L, S))"
-            )
-        additive = _check_mask(mask, q, batch + (L, S))
+    additive = False if mask is None else _check_mask(mask, q, batch + (L, S))
     if sinks is not None:
         _check_sinks(sinks, batch, q)
     if dropout_p != 0.0:
         dropout_p = _check_dropout(dropout_p)
     if unsupported:
         _reject(caller, unsupported, mask, additive, causal, sinks, groups, dropout_p)
+    if mask is not None and causal is not None:
+        raise ValueError(
+            "pass either mask or is_causal=True, not both "
+            "(combine them yourself: mask & causal_mask(L, S))"
+        )
     return AttentionArgs(
         batch, L, S, scale, causal, mask, additive, sinks, groups, dropout_p
     )

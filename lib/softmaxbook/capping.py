@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_attention_args, check_float, check_positive, check_tensor
+from ._attention_args import resolve_attention
+from ._validate import check_float, check_positive, check_tensor
 
 __all__ = ["soft_cap", "max_attention_logits", "qk_clip_"]
 
@@ -85,8 +86,11 @@ def max_attention_logits(
     k: Tensor,
     *,
     mask: Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     r"""The largest attention logit of every head:
     :math:`S^h_{\max} = \max_{b, i, j \,:\, m_{bhij}} s_{bhij}` with
@@ -105,12 +109,22 @@ def max_attention_logits(
     ----------
     q, k : Tensor
         Queries and keys with a head dimension at position ``-3``.
-    mask : bool Tensor, optional
-        True = may attend.
-    is_causal : bool
-        Only keys :math:`j \le i` count (cannot be combined with ``mask``).
+    mask : Tensor, optional
+        Boolean (True = may attend), or float: added to the logits, as in
+        :func:`~softmaxbook.scaled_dot_product_attention` (``-inf`` removes a
+        key).
+    is_causal : bool or str
+        Only the keys of the causal mask count: ``True`` or ``"top_left"``
+        (:math:`j \le i`), ``"bottom_right"`` (:math:`j \le i + S - L`);
+        cannot be combined with ``mask``.
     scale : float, optional
         Multiplies :math:`QK^\top`; defaults to :math:`1/\sqrt{D}`.
+    enable_gqa : bool
+        ``k`` has fewer heads than ``q``, a divisor of its count; one logit
+        per query head.
+    sinks, dropout_p :
+        Not supported (they do not change the logits): ``None`` and ``0``
+        only.
 
     Returns
     -------
@@ -127,14 +141,16 @@ def max_attention_logits(
         raise ValueError(
             f"q must have a head dimension, shape (..., H, L, D), got {tuple(q.shape)}"
         )
-    _, scale, keep = check_attention_args(q, k, k, mask, is_causal, scale)
+    args = resolve_attention(
+        q, k, k, mask=mask, is_causal=is_causal, scale=scale, sinks=sinks,
+        enable_gqa=enable_gqa, dropout_p=dropout_p, caller="max_attention_logits",
+        unsupported=("sinks", "dropout_p"),
+    )  # fmt: skip
     with torch.no_grad():
-        scores = (q @ k.transpose(-2, -1)) * scale  # (..., H, L, S)
-        if is_causal:
-            L, S = scores.shape[-2:]
-            keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
-        if keep is not None:
-            scores = scores.masked_fill(~keep, float("-inf"))
+        if args.groups > 1:  # each key head serves G query heads
+            k = k.repeat_interleave(args.groups, dim=-3)
+        scores = (q @ k.transpose(-2, -1)) * args.scale  # (..., H, L, S)
+        scores = args.masked_scores(scores)  # removed keys are -inf
         per_head = scores.movedim(-3, 0).reshape(scores.shape[-3], -1)  # (H, ...)
         if per_head.shape[1] == 0:
             return torch.full_like(per_head[:, 0], float("-inf"))

@@ -27,6 +27,7 @@ from itertools import pairwise
 import torch
 from torch import Tensor
 
+from ._attention_args import resolve_attention
 from ._validate import (
     check_causal,
     check_positive_int,
@@ -118,6 +119,8 @@ def split_k_attention(
     is_causal: bool | str = False,
     scale: float | None = None,
     enable_gqa: bool = False,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Attention with the keys split into ``splits`` chunks, attended in parallel
@@ -155,10 +158,23 @@ def split_k_attention(
     splits : int
         Number of chunks, ``>= 1`` (at most ``S`` are used; chunks differ in
         length by at most one key).
+    mask : Tensor, optional
+        Boolean (True = may attend) or float (added to the scores), as in
+        :func:`~softmaxbook.scaled_dot_product_attention`; cut with the keys.
     is_causal : bool or str
         As in :func:`~softmaxbook.flash_attention`; for decoding use
         ``"bottom_right"``. The mask is built once for all ``S`` keys and
         cut with them, so each chunk sees its keys' true positions.
+    scale, enable_gqa :
+        As in :func:`~softmaxbook.scaled_dot_product_attention`.
+    sinks : Tensor, optional
+        Sink logits, one per row of the batch dimensions (e.g. ``(H,)``):
+        merged once, after the chunks, as one more partial result with
+        logsumexp ``sinks`` and output 0.
+    dropout_p : float
+        Must be 0: dropout is not supported here.
+    return_lse : bool
+        Also return the logsumexp (including the sink, if any).
 
     Raises
     ------
@@ -167,41 +183,29 @@ def split_k_attention(
         ``splits`` is not a positive int.
     """
     splits = check_positive_int(splits, "splits")
-    align = check_causal(is_causal)
-    check_tensor(q, "q")
-    check_tensor(k, "k")
-    if align is not None:
-        if mask is not None:
-            raise ValueError(
-                "pass either mask or is_causal, not both (combine them yourself: "
-                "mask & aligned_causal_mask(L, S, align=...))"
-            )
-        if q.dim() >= 2 and k.dim() >= 2 and min(q.shape[-2], k.shape[-2]) > 0:
-            mask = aligned_causal_mask(
-                q.shape[-2], k.shape[-2], align=align, device=q.device
-            )
-    S = k.shape[-2] if k.dim() >= 2 else 0
-    bounds = _chunks(S, splits)
-    kw = {"scale": scale, "enable_gqa": enable_gqa, "return_lse": True}
+    args = resolve_attention(
+        q, k, v, mask=mask, is_causal=is_causal, scale=scale, sinks=sinks,
+        enable_gqa=enable_gqa, dropout_p=dropout_p, caller="split_k_attention",
+        unsupported=("dropout_p",),
+    )  # fmt: skip
+    # The causal mask is built once for all S keys and cut with them.
+    causal = args.causal_mask(q.device)
+    mask = args.mask if causal is None else causal
+    bounds = _chunks(args.S, splits)
+    kw = {"scale": args.scale, "enable_gqa": enable_gqa, "return_lse": True}
     # The partial outputs stay in float32 (float64 for float64 input) through the
     # merges and are rounded to q's dtype once, at the end, as Flash-Decoding does:
     # rounding each one would add a rounding error per level of the merge tree. So
     # each chunk is attended in that dtype (for half-precision input, a float32
     # copy of the chunk's keys and values while it is attended).
-    acc = None  # mixed or integer dtypes: flash_attention refuses them below
-    if (
-        isinstance(v, Tensor)
-        and q.is_floating_point()
-        and q.dtype == k.dtype == v.dtype
-    ):
-        acc = torch.promote_types(q.dtype, torch.float32)
-    q_acc = q if acc is None else q.to(acc)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    q_acc = q.to(acc)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(acc)  # a float mask is added in the chunks' dtype
 
-    def part(start, stop):
+    def part(start: int, stop: int) -> tuple[Tensor, Tensor]:
         m = None if mask is None else mask[..., start:stop]
-        ks, vs = k[..., start:stop, :], v[..., start:stop, :]
-        if acc is not None:
-            ks, vs = ks.to(acc), vs.to(acc)
+        ks, vs = k[..., start:stop, :].to(acc), v[..., start:stop, :].to(acc)
         return flash_attention(q_acc, ks, vs, mask=m, **kw)
 
     parts = _in_parallel(part, bounds)
@@ -212,6 +216,10 @@ def split_k_attention(
         ]
         parts = merged + ([parts[-1]] if len(parts) % 2 else [])
     out, lse = parts[0]
+    if args.sinks is not None:  # one more state: logsumexp = the sink, output 0
+        total = torch.logaddexp(lse, args.sinks.to(lse.dtype)[..., None])
+        out = out * torch.exp(lse - total).unsqueeze(-1)
+        lse = total
     return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
 
 

@@ -27,13 +27,14 @@ from numbers import Real
 import torch
 from torch import Tensor
 
+from ._attention_args import resolve_attention
 from ._validate import check_qkv
 from .attention import scaled_dot_product_attention
 
 __all__ = ["differential_attention"]
 
 
-def _check_lam(lam, batch: tuple[int, ...], like: Tensor) -> Tensor:
+def _check_lam(lam: object, batch: tuple[int, ...], like: Tensor) -> Tensor:
     """``lam`` as a tensor shaped ``batch + (1, 1)``-broadcastable."""
     if isinstance(lam, Real) and not isinstance(lam, bool):
         return torch.tensor(float(lam), dtype=like.dtype, device=like.device)
@@ -60,11 +61,14 @@ def differential_attention(
     q2: Tensor,
     k2: Tensor,
     v: Tensor,
-    lam=0.8,
+    lam: float | Tensor = 0.8,
     *,
     mask: Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Differential attention:
@@ -95,8 +99,13 @@ def differential_attention(
         :math:`\lambda`, the weight of the second map (a tensor may require
         a gradient). Ye et al. start it at 0.2 to 0.8 depending on the
         layer.
-    mask, is_causal, scale :
-        As in :func:`~softmaxbook.scaled_dot_product_attention`.
+    mask, is_causal, scale, enable_gqa :
+        As in :func:`~softmaxbook.scaled_dot_product_attention` (a boolean or
+        float mask, ``True``/``"top_left"``/``"bottom_right"``, shared key
+        and value heads), the same for both maps.
+    sinks, dropout_p :
+        Not supported (a sink of a difference of maps is not defined by the
+        paper): ``None`` and ``0`` only.
     return_weights : bool
         Also return the (signed) weights.
 
@@ -115,18 +124,26 @@ def differential_attention(
         and ``k1`` and ``k2`` too), or ``lam`` does not broadcast to the batch
         dimensions; and as :func:`~softmaxbook.scaled_dot_product_attention`.
     """
-    batch = check_qkv(q1, k1, v)
-    check_qkv(q2, k2, v)
+    args = resolve_attention(
+        q1, k1, v, mask=mask, is_causal=is_causal, scale=scale, sinks=sinks,
+        enable_gqa=enable_gqa, dropout_p=dropout_p, caller="differential_attention",
+        unsupported=("sinks", "dropout_p"),
+    )  # fmt: skip
+    check_qkv(q2, k2, v, groups=args.groups)
     if q1.shape != q2.shape or k1.shape != k2.shape:
         raise ValueError(
             "the two maps need queries of one shape and keys of one shape, got "
             f"q1 {tuple(q1.shape)}, q2 {tuple(q2.shape)}, "
             f"k1 {tuple(k1.shape)}, k2 {tuple(k2.shape)}"
         )
-    lam = _check_lam(lam, batch, v)
-    options = {"mask": mask, "is_causal": is_causal, "scale": scale}
+    lam = _check_lam(lam, args.batch, v)
+    options = {
+        "mask": mask, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa
+    }  # fmt: skip
     _, first = scaled_dot_product_attention(q1, k1, v, return_weights=True, **options)
     _, second = scaled_dot_product_attention(q2, k2, v, return_weights=True, **options)
     weights = first - lam.to(first.dtype) * second  # (..., L, S)
+    if args.groups > 1:  # each value head serves G query heads
+        v = v.repeat_interleave(args.groups, dim=-3)
     out = weights @ v  # (..., L, Dv)
     return (out, weights) if return_weights else out

@@ -27,12 +27,14 @@ import socket
 import traceback
 from datetime import timedelta
 from itertools import pairwise
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._validate import check_attention_args, check_positive, check_positive_int
+from ._api import renamed_keywords
+from ._attention_args import resolve_attention
+from ._validate import check_positive, check_positive_int
 from .flash import DEFAULT_BLOCK_SIZE, flash_attention, flash_attention_backward
 from .online import merge_attention_states
 
@@ -44,10 +46,14 @@ def ring_attention(
     k: Tensor,
     v: Tensor,
     *,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
-    group=None,
+    group: Any = None,
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
+    mask: Tensor | None = None,
+    sinks: Tensor | None = None,
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     r"""Attention over a sequence split across the ranks of a process group.
 
@@ -68,9 +74,14 @@ def ring_attention(
     the ring again (:func:`~softmaxbook.flash_attention_backward` on each
     block, the block's gradient travelling with it).
 
-    With ``is_causal`` every rank must hold as many queries as keys, the
+    With ``is_causal`` (``True``, ``"top_left"`` or ``"bottom_right"``: the
+    same mask here) every rank must hold as many queries as keys, the
     same number on every rank (a causal sequence split into equal blocks);
-    the blocks of later ranks are then skipped. (This leaves the last rank
+    the blocks of later ranks are then skipped. The other options of
+    :func:`~softmaxbook.scaled_dot_product_attention` are not supported: a
+    general ``mask``, ``sinks``, ``enable_gqa`` and ``dropout_p`` raise a
+    ``ValueError`` naming them (a mask of the whole sequence would have to
+    be cut and travel with the key blocks). (This leaves the last rank
     the most work; "striped" and "zigzag" orders of the blocks balance it.)
 
     Shapes: ``q`` ``(..., L, D)``, ``k`` ``(..., S, D)``, ``v`` ``(..., S,
@@ -85,9 +96,15 @@ def ring_attention(
     RuntimeError
         If ``torch.distributed`` is not initialized.
     TypeError, ValueError
-        For bad input, as :func:`~softmaxbook.flash_attention`, or if
-        ``is_causal`` is set and the blocks are not square and equal.
+        For bad input, as :func:`~softmaxbook.flash_attention`, if
+        ``is_causal`` is set and the blocks are not square and equal, or for
+        an option ring attention does not support.
     """
+    args = resolve_attention(
+        q, k, v, mask=mask, is_causal=is_causal, scale=scale, sinks=sinks,
+        enable_gqa=enable_gqa, dropout_p=dropout_p, caller="ring_attention",
+        unsupported=_UNSUPPORTED,
+    )  # fmt: skip
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -96,8 +113,8 @@ def ring_attention(
             "torch.distributed.init_process_group first (or use "
             "run_ring_attention, which starts the processes)"
         )
-    _, scale, _ = check_attention_args(q, k, v, None, is_causal, scale)
-    if is_causal:
+    causal, scale = args.causal is not None, args.scale
+    if causal:
         lengths = torch.tensor([q.shape[-2], k.shape[-2]])
         gathered = [torch.empty_like(lengths) for _ in range(_world(group))]
         dist.all_gather(gathered, lengths, group=group)
@@ -107,11 +124,15 @@ def ring_attention(
                 "(as many queries as keys, the same on every rank); got (L, S) = "
                 f"{[tuple(g.tolist()) for g in gathered]}"
             )
-    out, _ = _RingAttention.apply(q, k, v, is_causal, scale, group, block_size)
+    out, _ = _RingAttention.apply(q, k, v, causal, scale, group, block_size)
     return out.to(q.dtype)  # the one rounding of a half-precision result
 
 
-def _world(group) -> int:
+#: What ring attention cannot honour: the blocks carry no mask, sinks or shared heads.
+_UNSUPPORTED = ("mask", "sinks", "enable_gqa", "dropout_p")
+
+
+def _world(group: Any) -> int:
     import torch.distributed as dist
 
     return dist.get_world_size(group)
@@ -238,7 +259,7 @@ class RingRun(NamedTuple):
 
     #: The attention output, the blocks of all ranks put together ``(..., L, Dv)``.
     out: Tensor
-    #: ``(dq, dk, dv)`` for the given ``grad_out``, or None without it.
+    #: ``(dq, dk, dv)`` for the given ``grad_output``, or None without it.
     grads: tuple[Tensor, Tensor, Tensor] | None
     #: Bytes of the query, key and value blocks each rank was given, one per rank.
     input_bytes: list[int]
@@ -247,15 +268,16 @@ class RingRun(NamedTuple):
     peak_bytes: list[int] | None
 
 
+@renamed_keywords(grad_out="grad_output")
 def run_ring_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
     world_size: int,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
-    grad_out: Tensor | None = None,
+    grad_output: Tensor | None = None,
     timeout: float = 120.0,
 ) -> RingRun:
     r"""Run :func:`ring_attention` on ``world_size`` new processes of this machine.
@@ -264,13 +286,13 @@ def run_ring_attention(
     contiguous blocks (dimension -2; block sizes differ by at most one),
     starts one process per block (``spawn``), connects them with the
     ``gloo`` backend over the loopback address 127.0.0.1, runs the ring on
-    each, and returns the output put together. With ``grad_out`` it also runs
+    each, and returns the output put together. With ``grad_output`` it also runs
     the backward pass and returns the gradients. Each process runs torch on
     one thread and measures the growth of its resident memory during the call
     (the extra memory the ring needs beyond its input blocks).
 
     Shapes: ``q`` ``(..., L, D)``, ``k`` ``(..., S, D)``, ``v`` ``(..., S,
-    Dv)`` with the same batch dimensions; ``grad_out`` ``(..., L, Dv)``.
+    Dv)`` with the same batch dimensions; ``grad_output`` ``(..., L, Dv)``.
 
     Equivalent to ``flash_attention(q, k, v, is_causal=is_causal,
     scale=scale)`` (and its gradients), computed by ``world_size`` processes.
@@ -287,16 +309,18 @@ def run_ring_attention(
 
     world_size = check_positive_int(world_size, "world_size")
     timeout = check_positive(timeout, "timeout")
-    check_attention_args(q, k, v, None, is_causal, scale)
+    resolve_attention(
+        q, k, v, is_causal=is_causal, scale=scale, caller="run_ring_attention"
+    )
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
             "run_ring_attention needs q, k and v with the same batch dimensions, "
             f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if grad_out is not None and grad_out.shape != q.shape[:-1] + v.shape[-1:]:
+    if grad_output is not None and grad_output.shape != q.shape[:-1] + v.shape[-1:]:
         raise ValueError(
-            f"grad_out must have shape {tuple(q.shape[:-1] + v.shape[-1:])}, "
-            f"got {tuple(grad_out.shape)}"
+            f"grad_output must have shape {tuple(q.shape[:-1] + v.shape[-1:])}, "
+            f"got {tuple(grad_output.shape)}"
         )
     if world_size > min(q.shape[-2], k.shape[-2]):
         raise ValueError(
@@ -304,7 +328,11 @@ def run_ring_attention(
             f"(L = {q.shape[-2]}, S = {k.shape[-2]})"
         )
     chunks = [_split(t, world_size) for t in (q, k, v)]
-    do = _split(grad_out, world_size) if grad_out is not None else [None] * world_size
+    do = (
+        _split(grad_output, world_size)
+        if grad_output is not None
+        else [None] * world_size
+    )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -327,7 +355,7 @@ def run_ring_attention(
     ranks = [gathered[r] for r in range(world_size)]
     out = torch.cat([torch.from_numpy(r["out"]) for r in ranks], dim=-2)
     grads = None
-    if grad_out is not None:
+    if grad_output is not None:
         grads = tuple(
             torch.cat([torch.from_numpy(r["grads"][i]) for r in ranks], dim=-2)
             for i in range(3)

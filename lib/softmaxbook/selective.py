@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_attention_args
+from ._attention_args import resolve_attention
 from .attention import scaled_dot_product_attention
 from .masking import causal_mask
 
@@ -53,6 +53,11 @@ def selective_attention(
     *,
     selector: int = 0,
     scale: float | None = None,
+    is_causal: bool | str = True,
+    enable_gqa: bool = False,
+    mask: Tensor | None = None,
+    sinks: Tensor | None = None,
+    dropout_p: float = 0.0,
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Causal self-attention with selective attention's forgetting penalty.
@@ -75,6 +80,16 @@ def selective_attention(
         The head whose scores select (dimension -3 of the scores).
     scale : float, optional
         Multiplies :math:`QK^\top`; defaults to :math:`1/\sqrt{D}`.
+    is_causal : bool or str
+        Selective attention is causal self-attention: ``True``,
+        ``"top_left"`` or ``"bottom_right"`` (one mask for one length);
+        ``False`` raises a ``ValueError``.
+    enable_gqa : bool
+        As in :func:`~softmaxbook.scaled_dot_product_attention`: ``k`` and
+        ``v`` may have fewer heads, a divisor of the query heads.
+    mask, sinks, dropout_p :
+        Not supported (the causal mask is part of the method): ``None``,
+        ``None`` and ``0`` only.
     return_weights : bool
         Also return the weights.
 
@@ -91,7 +106,16 @@ def selective_attention(
         If the shapes do not fit (queries and keys of different lengths, no
         head dimension), or ``selector`` is not a head.
     """
-    _, factor, _ = check_attention_args(q, k, v, None, True, scale)
+    if is_causal is False:
+        raise ValueError(
+            "selective attention is causal self-attention: is_causal must be True, "
+            "'top_left' or 'bottom_right', got False"
+        )
+    args = resolve_attention(
+        q, k, v, mask=mask, is_causal=is_causal, scale=scale, sinks=sinks,
+        enable_gqa=enable_gqa, dropout_p=dropout_p, caller="selective_attention",
+        unsupported=("mask", "sinks", "dropout_p"),
+    )  # fmt: skip
     if q.dim() < 3 or q.shape[-2] != k.shape[-2]:
         raise ValueError(
             "selective attention is causal self-attention: q and k must be "
@@ -100,11 +124,13 @@ def selective_attention(
         )
     if isinstance(selector, bool) or not isinstance(selector, int):
         raise TypeError(f"selector must be an int, got {type(selector).__name__}")
-    heads = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])[-1]
+    heads = args.batch[-1]
     if not -heads <= selector < heads:
         raise ValueError(f"selector={selector} is not one of the {heads} heads")
     L = q.shape[-2]
-    scores = (q @ k.transpose(-2, -1)) * factor  # (..., H, L, L)
+    if args.groups > 1:  # each key head serves G query heads
+        k = k.repeat_interleave(args.groups, dim=-3)
+    scores = (q @ k.transpose(-2, -1)) * args.scale  # (..., H, L, L)
     allowed = causal_mask(L, device=q.device)
     selection = scores.select(-3, selector).masked_fill(~allowed, float("-inf"))
     penalty = _forgetting(selection).unsqueeze(-3)  # (..., 1, L, L), every head
@@ -117,7 +143,8 @@ def selective_attention(
         k,
         v,
         is_causal=True,
-        scale=scale,
+        scale=args.scale,
+        enable_gqa=enable_gqa,
         normalizer=penalized_softmax,
         return_weights=return_weights,
     )

@@ -117,10 +117,12 @@ def explain_dispatch(op: str, *tensors: torch.Tensor, **options) -> DispatchDeci
     gives the same result up to rounding.
 
     For ``"scaled_dot_product_attention"``, pass ``q, k, v`` and the keyword
-    arguments of the call (``mask``, ``is_causal``, ``normalizer``, ``sinks``,
+    arguments of the call (``mask`` or ``attn_mask``, boolean or float,
+    ``dropout_p``, ``is_causal``, ``normalizer``, ``sinks``,
     ``return_weights``, ``enable_gqa``, ``scale``, ``explicit``): the path is
-    ``"fused"`` (torch's fused kernel) when the semantics are the same,
-    ``"explicit"`` otherwise (see ``sdpa_decision``).
+    ``"fused"`` (torch's fused kernel) when the semantics are the same, float
+    masks and dropout included, ``"explicit"`` otherwise (see
+    ``sdpa_decision``). The options are checked as the call checks them.
 
     Shapes: for ``"softmax"`` pass the input (normalized along its last
     dimension); for the attention ops pass ``q, k, v``.
@@ -172,6 +174,17 @@ def explain_dispatch(op: str, *tensors: torch.Tensor, **options) -> DispatchDeci
         raise ValueError(
             f"op={op!r} is unknown; expected one of {[*KERNEL_OPS, SDPA_OP]}"
         )
+    return kernel_decision(op, *tensors)
+
+
+def kernel_decision(op: str, *tensors: torch.Tensor) -> DispatchDecision:
+    """The kernels' own rule for ``op`` (a name in ``KERNEL_OPS``): ``"triton"`` or
+    ``"torch"``, from the tensors alone.
+
+    :func:`explain_dispatch` answers with it for ``"softmax"``; the module that
+    defines ``flash_attention`` starts its own explainer from it (a Triton kernel
+    first, then its CPU paths).
+    """
     if not tensors:
         raise ValueError(
             f"explain_dispatch({op!r}) needs the tensors the call would get"
@@ -285,7 +298,8 @@ def sdpa_decision(
     recomputes explicitly when the output holds a ``nan`` or an infinity).
 
     Why each condition: torch's fused kernel has no other normalizer, no sinks
-    and no weights to return; it runs on the CPU here (on a GPU torch picks
+    and no weights to return (a float mask and dropout it applies as the explicit
+    path does, so neither is a condition); it runs on the CPU here (on a GPU torch picks
     among kernels whose fully masked rows are not checked by this library);
     it takes ``(B, H, L, D)`` tensors (other shapes go to torch's math
     backend, which is the explicit computation anyway); it is not twice
