@@ -21,6 +21,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -80,7 +81,7 @@ def enable_interpreter() -> bool:
     return True
 
 
-def _backend():
+def _backend() -> ModuleType:
     """Import the Triton kernels on first use, with a clear error when that cannot
     work."""
     if not triton_available():
@@ -127,7 +128,15 @@ def triton_softmax(x: Tensor, dim: int = -1) -> Tensor:
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to ``torch.softmax(x, dim)`` (a row of all ``-inf`` gives
-    ``nan``, as in torch).
+    ``nan``, as in torch):
+
+    >>> import torch
+    >>> from softmaxbook import kernels
+    >>> kernels.enable_interpreter()  # CPU tensors: before anything imports triton
+    True
+    >>> x = torch.randn(4, 100)
+    >>> torch.allclose(kernels.triton_softmax(x), torch.softmax(x, -1), atol=1e-6)
+    True
 
     Raises
     ------
@@ -164,7 +173,13 @@ def fused_softmax(x: Tensor, dim: int = -1) -> Tensor:
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
-    Equivalent to ``torch.softmax(x, dim)``.
+    Equivalent to ``torch.softmax(x, dim)``:
+
+    >>> import torch
+    >>> from softmaxbook import kernels
+    >>> x = torch.randn(4, 100)
+    >>> torch.allclose(kernels.fused_softmax(x), torch.softmax(x, -1), atol=1e-6)
+    True
     """
     check_float(x)
     dim = check_dim(x, dim)
@@ -205,7 +220,19 @@ def triton_flash_attention(
     logsumexp ``(..., L)`` in float32.
 
     Equivalent to ``softmaxbook.flash_attention(q, k, v, mask=mask,
-    is_causal=is_causal, scale=scale, return_lse=return_lse)``.
+    is_causal=is_causal, scale=scale, return_lse=return_lse)``, and to
+    torch's attention:
+
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> from softmaxbook import kernels
+    >>> kernels.enable_interpreter()  # CPU tensors: before anything imports triton
+    True
+    >>> q, k, v = torch.randn(3, 2, 4, 40, 16).unbind(0)  # (B, H, L, D) each
+    >>> out = kernels.triton_flash_attention(q, k, v, is_causal=True)
+    >>> expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> torch.allclose(out, expected, atol=1e-5)
+    True
 
     Raises
     ------
@@ -229,7 +256,7 @@ def triton_flash_attention(
         )
     L, S, BH = q.shape[-2], k.shape[-2], math.prod(batch)
 
-    def flat(t):  # (..., n, d) broadcast to the batch -> (BH, n, d)
+    def flat(t: Tensor) -> Tensor:  # (..., n, d) broadcast to the batch -> (BH, n, d)
         return t.expand(batch + t.shape[-2:]).reshape((BH,) + t.shape[-2:])
 
     causal = None if align is None else (L, 0 if align == "top_left" else S - L)
@@ -336,6 +363,10 @@ def kernel_source(name: str) -> str:
 
     Read from the module file without importing Triton, so that the book can
     show the kernels on any machine.
+
+    >>> from softmaxbook import kernels
+    >>> print(kernels.kernel_source("softmax").splitlines()[1])
+    def _softmax_kernel(x_ptr, y_ptr, n_cols, ...):
     """
     names = {
         "softmax": "_softmax_kernel",

@@ -11,7 +11,7 @@ program by program in NumPy on the CPU.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -294,7 +294,15 @@ class Flat(NamedTuple):
     scale: float
 
 
-def _launch_args(p):
+def _launch_args(
+    p: Flat,
+) -> tuple[
+    torch.Tensor,
+    tuple[int, ...],
+    tuple[int, int, int, int],
+    tuple[int, int],
+    dict[str, Any],
+]:
     """What the three attention kernels share: the strides and the constants."""
     R, S, D, DV = p.q.shape[1], p.k.shape[1], p.q.shape[2], p.v.shape[2]
     if p.keep is not None:
@@ -306,7 +314,7 @@ def _launch_args(p):
     block_dv = max(16, triton.next_power_of_2(DV))
     block = 64 if max(block_d, block_dv) <= 128 else 32
     strides = (*p.q.stride(), *p.k.stride(), *p.v.stride(), *mask.stride())
-    consts = {
+    consts: dict[str, Any] = {
         "HAS_MASK": p.keep is not None,
         "IS_CAUSAL": p.causal is not None,
         "PRECISION": "ieee" if p.q.dtype == torch.float32 else "tf32",
@@ -319,7 +327,7 @@ def _launch_args(p):
     return mask, strides, (R, S, D, DV), (period, offset), consts
 
 
-def flash_forward(p):
+def flash_forward(p: Flat) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch :func:`_flash_attention_kernel` on a :class:`Flat` problem (checked by
     the caller); returns ``(out, lse)``, ``out`` in the dtype of ``q``."""
     BH, R, _ = p.q.shape
@@ -336,7 +344,9 @@ def flash_forward(p):
     return out, lse
 
 
-def flash_backward(p, grad_out, lse, delta):
+def flash_backward(
+    p: Flat, grad_out: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the two backward kernels; returns ``(dq, dk, dv)`` in float32."""
     BH, R, D = p.q.shape
     S, DV = p.k.shape[1], p.v.shape[2]
