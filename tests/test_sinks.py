@@ -1,11 +1,11 @@
-"""softmaxbook.sinks: sink logits, softpick, clipped softmax, ReLU attention and
-the score gap that ignoring keys takes.
+"""softmaxbook.normalizers.sinks: sink logits, softpick, clipped softmax, ReLU
+attention; and the score gap that ignoring keys takes (softmaxbook.analysis).
 
 Each map against its defining formula (and against the authors' published code
 where there is one), its own properties (exact zeros, gradients that stop, the
 sum of the weights), and the errors. The contract every normalizer keeps
-(removed keys, empty rows, half precision, torch.func, gradcheck) is checked in
-test_normalizer_contract.py.
+(removed keys, empty rows, half precision, torch.func, gradcheck) is checked on
+every registered normalizer in test_normalizer_contract.py.
 """
 
 from __future__ import annotations
@@ -129,6 +129,20 @@ def test_sink_softmax_bad_sinks():
         sb.sink_softmax(x, "0")
     with pytest.raises(TypeError, match="real number"):
         sb.sink_softmax(x, True)
+
+
+def test_sink_softmax_takes_sinks_by_position_and_by_name_and_sink_with_a_warning():
+    x = scores((3, 4))
+    b = scores((3, 1), seed=3)
+    expected = _cat_reference(x, b)
+    torch.testing.assert_close(sb.sink_softmax(x, b, -1), expected)
+    torch.testing.assert_close(sb.sink_softmax(x, sinks=b, dim=-1), expected)
+    with pytest.warns(DeprecationWarning, match="use sinks= instead"):
+        torch.testing.assert_close(sb.sink_softmax(x, sink=b), expected)
+    with pytest.raises(TypeError, match="both sink="):
+        sb.sink_softmax(x, sink=b, sinks=b)
+    # The default sink logit, 0, is softmax_one's.
+    torch.testing.assert_close(sb.sink_softmax(x), sb.softmax_one(x))
 
 
 # ---------------------------------------------------------------------- softpick
@@ -282,7 +296,7 @@ def test_ignore_gap_of_softmax_with_a_sink_key(n, eps):
     assert ignore_close(sb.ignore_gap(softmax, n, eps), expected)
     # softmax_one has the sink key built in; a sink logit b moves the gap by b.
     assert ignore_close(sb.ignore_gap(sb.softmax_one, n, eps, sink_key=False), expected)
-    shifted = functools.partial(sb.sink_softmax, sink=3.0)
+    shifted = functools.partial(sb.sink_softmax, sinks=3.0)
     assert ignore_close(sb.ignore_gap(shifted, n, eps, sink_key=False), expected - 3.0)
 
 

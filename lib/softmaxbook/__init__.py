@@ -16,7 +16,6 @@ import importlib as _importlib
 import typing as _typing
 
 from . import (
-    alternatives,
     analysis,
     attention,
     capping,
@@ -27,10 +26,10 @@ from . import (
     flex,
     gradients,
     kernels,
-    length,
     losses,
     masking,
     models,
+    normalizers,
     notebook,
     online,
     patterns,
@@ -39,12 +38,8 @@ from . import (
     ring,
     sampling,
     selective,
-    sinks,
-    stickbreaking,
     timing,
 )
-from . import softmax as _softmax_module
-from .alternatives import *  # noqa: F403
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .capping import *  # noqa: F403
@@ -55,10 +50,28 @@ from .flash import *  # noqa: F403
 from .flex import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .kernels.dispatch import *  # noqa: F403
-from .length import *  # noqa: F403
 from .losses import *  # noqa: F403
 from .masking import *  # noqa: F403
 from .models import *  # noqa: F403
+from .normalizers import (
+    adaptive_temperature_softmax,
+    clipped_softmax,
+    entmax15,
+    entmax_bisect,
+    log_softmax,
+    logsumexp,
+    relu_attention,
+    relu_normalize,
+    scalable_softmax,
+    sigmoid_normalize,
+    sink_softmax,
+    softmax,
+    softmax_one,
+    softpick,
+    sparsemax,
+    stick_breaking,
+    yarn_logit_scale,
+)
 from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
 from .patterns import *  # noqa: F403
@@ -66,9 +79,6 @@ from .plotting import *  # noqa: F403
 from .ring import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .selective import *  # noqa: F403
-from .sinks import *  # noqa: F403
-from .softmax import *  # noqa: F403
-from .stickbreaking import *  # noqa: F403
 from .timing import *  # noqa: F403
 
 if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
@@ -81,7 +91,9 @@ __version__ = "0.1.0"
 #: ``sb.checks.check_softmax``); of ``kernels``, the dispatch report is also
 #: here (``sb.explain_dispatch``).
 __all__ = [
-    *_softmax_module.__all__,
+    "softmax",
+    "log_softmax",
+    "logsumexp",
     *masking.__all__,
     *patterns.__all__,
     *attention.__all__,
@@ -91,10 +103,20 @@ __all__ = [
     *decode.__all__,
     *ring.__all__,
     *gradients.__all__,
-    *alternatives.__all__,
-    *sinks.__all__,
-    *length.__all__,
-    *stickbreaking.__all__,
+    "sparsemax",
+    "entmax15",
+    "entmax_bisect",
+    "softmax_one",
+    "relu_normalize",
+    "sigmoid_normalize",
+    "sink_softmax",
+    "softpick",
+    "clipped_softmax",
+    "relu_attention",
+    "scalable_softmax",
+    "yarn_logit_scale",
+    "adaptive_temperature_softmax",
+    "stick_breaking",
     *differential.__all__,
     *selective.__all__,
     *capping.__all__,

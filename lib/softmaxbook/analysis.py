@@ -6,7 +6,8 @@ masked row) and summarize them, for example per head, to detect collapse:
 - :func:`entropy` of one distribution, with :math:`0 \log 0 = 0`;
 - :func:`attention_entropy`, the mean entropy of the rows of attention maps;
 - :func:`attention_distance`, how far back (or ahead) the queries look;
-- :func:`attention_sparsity`, the fraction of exact zeros among the allowed keys.
+- :func:`attention_sparsity`, the fraction of exact zeros among the allowed keys;
+- :func:`ignore_gap`, the score gap a normalizer needs to ignore a row of keys.
 
 The map functions take weights ``(..., L, S)`` (for a model, e.g.
 ``(B, layers, H, L, S)``) and return one number per map, ``(...)``. A row of
@@ -16,12 +17,28 @@ with no such row at all gives 0, never ``nan``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from ._validate import check_dim, check_float, check_mask, check_nonnegative
+from ._validate import (
+    check_dim,
+    check_float,
+    check_mask,
+    check_nonnegative,
+    check_positive_int,
+    check_real,
+)
 
-__all__ = ["entropy", "attention_entropy", "attention_distance", "attention_sparsity"]
+__all__ = [
+    "entropy",
+    "attention_entropy",
+    "attention_distance",
+    "attention_sparsity",
+    "ignore_gap",
+]
 
 
 def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
@@ -216,3 +233,97 @@ def attention_sparsity(
     zeros = (weights <= threshold) & allowed
     n_allowed = allowed.sum(dim=(-2, -1)).clamp(min=1)
     return zeros.sum(dim=(-2, -1)).to(weights.dtype) / n_allowed.to(weights.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# the score gap that ignoring a row of keys takes
+# --------------------------------------------------------------------------------------
+
+_GAP_LIMIT = 1e4  # beyond this gap a normalizer is taken to never get there
+_GAP_POINTS = 16  # gaps tried at once: each round narrows the bracket 16-fold
+_GAP_ROUNDS = 14  # 1e4 / 16**14 is far below float64 resolution of the gap
+
+
+def ignore_gap(
+    normalizer: Callable[..., Tensor],
+    n: int,
+    eps: float = 1e-3,
+    *,
+    sink_key: bool = True,
+) -> float:
+    r"""The score gap :math:`\Delta` at which ``normalizer`` gives ``n``
+    irrelevant keys a total weight of at most ``eps``.
+
+    The row is ``[0, -Δ, ..., -Δ]``: one *sink key* with score 0 (dropped
+    with ``sink_key=False``) and ``n`` irrelevant keys :math:`\Delta` below
+    it. The result is the smallest :math:`\Delta \ge 0` for which the
+    irrelevant keys get at most ``eps`` in total, found in float64 by
+    narrowing a grid of 17 gaps 14 times (one batch of rows per call);
+    ``inf`` when no gap up to :math:`10^4` gets there (softmax without a sink
+    key, whose weights always sum to 1). For softmax with a
+    sink key it is :math:`\log(n (1 - \epsilon)/\epsilon)`: every halving of
+    :math:`\epsilon` costs another :math:`\log 2` of score, forever. For
+    :func:`~softmaxbook.softpick` and :func:`~softmaxbook.relu_attention` it
+    is 0: a score :math:`\le 0` is already ignored.
+
+    Parameters
+    ----------
+    normalizer : callable
+        ``f(scores, dim=-1)``, e.g. :func:`~softmaxbook.softmax_one` or
+        ``functools.partial(sink_softmax, sinks=2.0)``; its total weight on the
+        irrelevant keys must not grow with the gap.
+    n : int
+        The number of irrelevant keys, ``>= 1``.
+    eps : float
+        The total weight to reach, in ``(0, 1)``.
+    sink_key : bool
+        Put a key with score 0 in front of the irrelevant ones.
+
+    Returns
+    -------
+    float
+        The gap :math:`\Delta`, or ``math.inf``.
+
+    Raises
+    ------
+    TypeError
+        If ``normalizer`` is not callable, ``n`` not an int or ``eps`` not a
+        real number.
+    ValueError
+        If ``n < 1`` or ``eps`` is not in ``(0, 1)``.
+    """
+    if not callable(normalizer):
+        raise TypeError(
+            f"normalizer must be a callable f(scores, dim=-1), got "
+            f"{type(normalizer).__name__}"
+        )
+    n = check_positive_int(n, "n")
+    eps = check_real(eps, "eps")
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
+    sink = [0.0] if sink_key else []
+
+    def weights(gaps: Tensor) -> Tensor:
+        """Total weight on the irrelevant keys, one row (and one gap) per entry."""
+        rows = torch.cat(
+            [
+                torch.tensor(sink, dtype=torch.float64).expand(len(gaps), len(sink)),
+                (-gaps)[:, None].expand(len(gaps), n),
+            ],
+            dim=-1,
+        )
+        return normalizer(rows, dim=-1)[:, len(sink) :].sum(-1)
+
+    ends = weights(torch.tensor([0.0, _GAP_LIMIT], dtype=torch.float64))
+    if ends[0] <= eps:
+        return 0.0
+    if ends[1] > eps:
+        return math.inf
+    # Many bisections at once: evaluate a grid of gaps in one call, keep the
+    # interval where the weight first drops to eps (it does not grow with the gap).
+    low, high = 0.0, _GAP_LIMIT
+    for _ in range(_GAP_ROUNDS):
+        grid = torch.linspace(low, high, _GAP_POINTS + 1, dtype=torch.float64)
+        first = int((weights(grid) <= eps).to(torch.int8).argmax())
+        low, high = float(grid[first - 1]), float(grid[first])
+    return high

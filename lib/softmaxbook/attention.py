@@ -35,19 +35,10 @@ from ._validate import (
     check_gqa_heads,
     zero_empty_rows,
 )
-from .alternatives import (
-    entmax15,
-    relu_normalize,
-    sigmoid_normalize,
-    softmax_one,
-    sparsemax,
-)
 from .decode import aligned_causal_mask, repeat_kv_heads
 from .kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
-from .length import scalable_softmax
 from .masking import masked_softmax
-from .sinks import clipped_softmax, relu_attention, sink_softmax, softpick
-from .stickbreaking import stick_breaking
+from .normalizers import NORMALIZERS, sink_softmax
 
 __all__ = ["scaled_dot_product_attention", "NORMALIZERS"]
 
@@ -55,31 +46,14 @@ __all__ = ["scaled_dot_product_attention", "NORMALIZERS"]
 Normalizer = Callable[..., Tensor]
 
 
-def _softmax(scores: Tensor, dim: int = -1) -> Tensor:
-    return torch.softmax(scores, dim=dim)
-
-
-#: Normalizers usable by name as ``normalizer=`` (name -> ``f(scores, dim=-1)``).
-NORMALIZERS: dict[str, Normalizer] = {
-    "softmax": _softmax,
-    "sparsemax": sparsemax,
-    "entmax15": entmax15,
-    "softmax_one": softmax_one,
-    "relu": relu_normalize,
-    "sigmoid": sigmoid_normalize,
-    "softpick": softpick,
-    "clipped_softmax": clipped_softmax,
-    "relu_attention": relu_attention,
-    "scalable_softmax": scalable_softmax,
-    "stick_breaking": stick_breaking,
-}
-
-
 def resolve_normalizer(normalizer: str | Normalizer) -> tuple[str, Normalizer]:
     """Return ``(name, function)`` for a name in :data:`NORMALIZERS` or a callable.
 
-    Raises ``ValueError`` for an unknown name and ``TypeError`` for anything
-    else, so that a model can reject a bad normalizer when it is built.
+    The names are those of the registry of normalizers,
+    :data:`softmaxbook.normalizers.NORMALIZERS` (``"relu"`` and ``"sigmoid"``
+    included); its entry is callable as ``f(scores, dim=-1)``. Raises
+    ``ValueError`` for an unknown name and ``TypeError`` for anything else, so
+    that a model can reject a bad normalizer when it is built.
     """
     if isinstance(normalizer, str):
         if normalizer not in NORMALIZERS:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -14,7 +10,7 @@ from ._inputs import F32, F64, generator, input_label, numpy64, randn, tensor64
 from ._session import Candidate, Session
 
 
-def wrong_dim_candidates(x: Tensor, function: Callable[..., Any]) -> list[Candidate]:
+def wrong_dim_candidates(x: Tensor, function) -> list[Candidate]:
     """What normalizing along another dimension would give."""
     found = []
     for d in range(x.dim() - 1):
@@ -38,16 +34,16 @@ def rowwise_checks(
     session: Session,
     *,
     seed: int,
-    reference_fn: Callable[..., Any],
-    derivative: Callable[[Tensor, Tensor], Tensor],
+    reference_fn,
+    derivative,
     basic: list[float],
-    extremes: Sequence[tuple[Any, str]],
+    extremes: list[tuple[list, str]],
     checked_extremes: str,
-    candidates: Callable[[Tensor], list[Candidate]],
-    explain: Callable[[Tensor, Tensor, Tensor], str],
+    candidates,
+    explain,
     scale: float,
     magnitude: bool = False,
-    first: Callable[[Tensor], str] | None = None,
+    first=None,
 ) -> list[str]:
     """The checks of a function normalizing rows (softmax, log-softmax, sparsemax).
 
@@ -71,7 +67,7 @@ def rowwise_checks(
             candidates=lambda: candidates(x),
             explain=lambda got, want: explain(got, want, x),
             magnitude=float(size),
-            first=None if first is None else partial(first, x),
+            first=first and (lambda: first(x)),
         )
 
     if not check(torch.tensor(basic, dtype=F64)):

@@ -10,8 +10,7 @@ mistake that returns exactly this, or a diagnosis of the values.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,10 +36,6 @@ from ._report import (
 )
 
 Candidate = tuple[str, Tensor, str]  # (key, what that mistake returns, hint)
-# The arguments of a call: (name, value) pairs; a value is a tensor, a Scalar or
-# anything else the checked function takes.
-Named = Sequence[tuple[str, Any]]
-ShapeHint = Callable[[tuple[int, ...], tuple[int, ...]], str]
 
 # What to change when a function returns something other than a tensor, by its type.
 _RETURN_HINTS = {
@@ -55,7 +50,7 @@ _RETURN_HINTS = {
 class Scalar:
     """A non-tensor argument passed through :meth:`Session.call` untouched."""
 
-    def __init__(self, value: object) -> None:
+    def __init__(self, value):
         self.value = value
 
 
@@ -64,14 +59,14 @@ class Session(Problems):
 
     def __init__(
         self,
-        fn: Callable[..., Any],
+        fn,
         noun: str,
         *,
         numpy: bool = False,
         gradient: bool = False,
-        device: torch.device | str | None = None,
-        hints: Sequence[tuple[str, str]] = (),
-    ) -> None:
+        device=None,
+        hints: tuple = (),
+    ):
         if not callable(fn):
             raise TypeError(
                 f"fn must be a callable (the function to check), "
@@ -105,7 +100,7 @@ class Session(Problems):
             checked.append(f"not checked with numpy=True: {skipped}")
         return CheckReport(checker, function_name(self.fn), problems, checked)
 
-    def dtypes(self) -> list[torch.dtype]:
+    def dtypes(self) -> list:
         """The low-precision dtypes to check: NumPy has no bfloat16."""
         return [F32, F16] if self.numpy else [F32, F16, BF16]
 
@@ -117,13 +112,13 @@ class Session(Problems):
     def call(
         self,
         label: str,
-        args: Named,
-        kwargs: Named = (),
+        args,
+        kwargs=(),
         *,
-        shapes: Sequence[Sequence[int]],
+        shapes,
         outputs: int = 1,
-        shape_hint: ShapeHint | None = None,
-    ) -> Any:
+        shape_hint: Callable[[tuple, tuple], str] | None = None,
+    ):
         """``fn(*args, **kwargs)``, checked; the output(s) as tensors, or None.
 
         ``args`` and ``kwargs`` are sequences of ``(name, tensor)``; ``shapes``
@@ -158,14 +153,14 @@ class Session(Problems):
     def run(
         self,
         label: str,
-        args: Named,
-        kwargs: Named = (),
+        args,
+        kwargs=(),
         *,
         want: Tensor,
-        dtype: torch.dtype,
-        shape: Sequence[int] | None = None,
-        shape_hint: ShapeHint | None = None,
-        **diagnosis: Any,
+        dtype,
+        shape=None,
+        shape_hint: Callable[[tuple, tuple], str] | None = None,
+        **diagnosis,
     ) -> bool:
         """Call ``fn`` on one input and compare its result with ``want``.
 
@@ -182,7 +177,7 @@ class Session(Problems):
             self.values(label, out, want, dtype, **diagnosis)
         return True
 
-    def _wrong_device(self, label: str, want: torch.device, got: torch.device) -> None:
+    def _wrong_device(self, label: str, want, got) -> None:
         self.problem(
             ("device",),
             label,
@@ -192,7 +187,7 @@ class Session(Problems):
             f"result (no .cpu(), .cuda() or .to(device)).",
         )
 
-    def _to_user(self, t: object) -> Any:
+    def _to_user(self, t):
         """What ``fn`` receives: a copy, so that an in-place change cannot leak into
         the next check (a leaf that requires grad goes as it is, for autograd)."""
         if isinstance(t, Scalar):
@@ -213,9 +208,7 @@ class Session(Problems):
         message = message.rstrip(".") + "." + (f" {hint}" if hint else "")
         self.problem(("raised", name, hint or text), label, message)
 
-    def _check_unchanged(
-        self, label: str, given: dict[str, Any], before: dict[str, Tensor]
-    ) -> None:
+    def _check_unchanged(self, label: str, given: dict, before: dict) -> None:
         for name, old in before.items():
             new = given[name]
             new = torch.from_numpy(np.asarray(new)) if self.numpy else new.detach()
@@ -230,14 +223,7 @@ class Session(Problems):
                 "masked_fill rather than masked_fill_ or x[mask] = value.",
             )
 
-    def _outputs(
-        self,
-        label: str,
-        out: object,
-        shapes: Sequence[Sequence[int]],
-        outputs: int,
-        shape_hint: ShapeHint | None,
-    ) -> Any:
+    def _outputs(self, label: str, out, shapes, outputs: int, shape_hint):
         if outputs == 1:
             results = [self._tensor(label, out)]
         elif not isinstance(out, (tuple, list)) or len(out) != outputs:
@@ -253,10 +239,9 @@ class Session(Problems):
             return None
         else:
             results = [self._tensor(label, o) for o in out]
-        tensors = [r for r in results if r is not None]
-        if len(tensors) < len(results):
+        if any(r is None for r in results):
             return None
-        for result, shape in zip(tensors, shapes):
+        for result, shape in zip(results, shapes):
             if tuple(result.shape) != tuple(shape):
                 self.problem(
                     ("shape", tuple(result.shape)),
@@ -268,12 +253,12 @@ class Session(Problems):
                     ),
                 )
                 return None
-        return tensors[0] if outputs == 1 else tensors
+        return results[0] if outputs == 1 else results
 
     def _kind(self) -> str:
         return "NumPy array" if self.numpy else "torch.Tensor"
 
-    def _tensor(self, label: str, out: object) -> Tensor | None:
+    def _tensor(self, label: str, out):
         if (
             self.numpy
             and isinstance(out, (np.ndarray, np.generic))
@@ -302,7 +287,7 @@ class Session(Problems):
 
     # -- comparing ---------------------------------------------------------------------
 
-    def dtype(self, label: str, got: Tensor, want: torch.dtype, hint: str = "") -> bool:
+    def dtype(self, label: str, got: Tensor, want, hint: str = "") -> bool:
         want_dtype = NUMPY_DTYPE[want] if self.numpy else want
         have = got.numpy().dtype if self.numpy else got.dtype
         if have == want_dtype:
@@ -321,9 +306,9 @@ class Session(Problems):
         label: str,
         got: Tensor,
         want: Tensor,
-        dtype: torch.dtype,
+        dtype,
         *,
-        key: object = "values",
+        key="values",
         candidates: Callable[[], list[Candidate]] | None = None,
         explain: Callable[[Tensor, Tensor], str] | None = None,
         what: str = "",
@@ -356,16 +341,7 @@ class Session(Problems):
         )
         return False
 
-    def on_device(
-        self,
-        label: str,
-        args: Named,
-        kwargs: Named = (),
-        *,
-        shapes: Sequence[Sequence[int]],
-        want: Any,
-        outputs: int = 1,
-    ) -> None:
+    def on_device(self, label: str, args, kwargs=(), *, shapes, want, outputs: int = 1):
         """Run on the accelerator, if there is one; check the device and the values.
 
         The values are compared at float16's tolerance: this check is about the
@@ -380,14 +356,12 @@ class Session(Problems):
         for o, w in zip(out if outputs > 1 else [out], want if outputs > 1 else [want]):
             self.values(label, o, w, F16)
 
-    def _to_device(self, named: Named) -> list[tuple[str, Any]]:
+    def _to_device(self, named) -> list:
         move = self.device
         return [(n, t.to(move) if isinstance(t, Tensor) else t) for n, t in named]
 
 
-def _known_mistake(
-    got: Tensor, atol: float, rtol: float, candidates: Sequence[Candidate]
-) -> str:
+def _known_mistake(got: Tensor, atol: float, rtol: float, candidates) -> str:
     """The hint of the first known mistake that returns ``got``, or ""."""
     for _, result, hint in candidates:
         if result.shape == got.shape and bool(

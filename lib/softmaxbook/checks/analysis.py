@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -71,7 +70,7 @@ def _entropy_candidates(w: Tensor) -> list[Candidate]:
     ]
 
 
-def _entropy_explain(w: Tensor) -> Callable[[Tensor, Tensor], str]:
+def _entropy_explain(w: Tensor):
     def explain(got: Tensor, want: Tensor) -> str:
         if bool(got.isnan().any()):
             if not bool((w > 0).any()):
@@ -109,7 +108,7 @@ def _entropy_shape_hint(got: tuple, w: Tensor) -> str:
     return ""
 
 
-def _entropy_run(session: Session, label: str, w: Tensor) -> bool:
+def _entropy_run(session, label, w) -> bool:
     return session.run(
         label,
         [("weights", w)],
@@ -123,11 +122,7 @@ def _entropy_run(session: Session, label: str, w: Tensor) -> bool:
 
 
 def check_attention_entropy(
-    fn: Callable[..., Any],
-    *,
-    numpy: bool = False,
-    gradient: bool = True,
-    device: torch.device | str | None = None,
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
 ) -> CheckReport:
     r"""Check a student's mean attention entropy, ``fn(weights)``, one number per map.
 

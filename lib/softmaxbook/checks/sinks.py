@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,7 +65,7 @@ def _candidates(scores: Tensor, sink: Tensor) -> list[Candidate]:
     ]
 
 
-def _explain(scores: Tensor) -> Callable[[Tensor, Tensor], str]:
+def _explain(scores: Tensor):
     def explain(got: Tensor, want: Tensor) -> str:
         if not bool(torch.isfinite(got).all()):
             return _SHIFT_HINT
@@ -97,11 +96,7 @@ def _case(session: Session, label: str, scores: Tensor, sink: Tensor) -> bool:
 
 
 def check_sink_softmax(
-    fn: Callable[..., Any],
-    *,
-    numpy: bool = False,
-    gradient: bool = True,
-    device: torch.device | str | None = None,
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
 ) -> CheckReport:
     r"""Check a student's softmax with a sink logit, ``fn(scores, sink)``.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -67,11 +66,7 @@ def _softmax_candidates(x: Tensor) -> list[Candidate]:
 
 
 def check_softmax(
-    fn: Callable[..., Any],
-    *,
-    numpy: bool = False,
-    gradient: bool = True,
-    device: torch.device | str | None = None,
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
 ) -> CheckReport:
     r"""Check a student's softmax, :math:`s_i = e^{x_i} / \sum_j e^{x_j}`.
 
@@ -194,11 +189,7 @@ def _log_softmax_candidates(x: Tensor) -> list[Candidate]:
 
 
 def check_log_softmax(
-    fn: Callable[..., Any],
-    *,
-    numpy: bool = False,
-    gradient: bool = True,
-    device: torch.device | str | None = None,
+    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
 ) -> CheckReport:
     r"""Check a student's log-softmax, :math:`x_i - \log \sum_j e^{x_j}`.
 

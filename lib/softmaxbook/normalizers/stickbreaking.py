@@ -31,11 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_dim, check_float
+from ._policy import normalizer
 
 __all__ = ["stick_breaking"]
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _stick_breaking(x: Tensor, dim: int) -> Tensor:
@@ -61,6 +59,16 @@ def _without_current(x: Tensor, dim: int) -> Tensor:
     return x.masked_fill(position == last, float("-inf"))
 
 
+def _stick_options(x: Tensor, dim: int, *, attend_current: bool) -> dict[str, bool]:
+    if not isinstance(attend_current, bool):
+        raise TypeError(
+            "attend_current must be a bool (True: a query may attend to its own "
+            f"key; False: Tan et al.'s convention), got {type(attend_current).__name__}"
+        )
+    return {"attend_current": attend_current}
+
+
+@normalizer(sparse=False, sums_to_one=False, options=_stick_options)
 def stick_breaking(x: Tensor, dim: int = -1, *, attend_current: bool = True) -> Tensor:
     r"""Stick-breaking weights:
     :math:`A_j = \sigma(x_j) \prod_{k > j} \big(1 - \sigma(x_k)\big)`.
@@ -127,20 +135,6 @@ def stick_breaking(x: Tensor, dim: int = -1, *, attend_current: bool = True) -> 
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    if not isinstance(attend_current, bool):
-        raise TypeError(
-            "attend_current must be a bool (True: a query may attend to its own "
-            f"key; False: Tan et al.'s convention), got {type(attend_current).__name__}"
-        )
-    if x.dim() == 0:
-        out = stick_breaking(x.unsqueeze(0), 0, attend_current=attend_current)
-        return out.squeeze(0)
-    if x.numel() == 0:
-        return x * 0
-    compute = torch.float32 if x.dtype in _HALF else x.dtype
-    x_c = x.to(compute)
     if not attend_current:
-        x_c = _without_current(x_c, dim)
-    return _stick_breaking(x_c, dim).to(x.dtype)
+        x = _without_current(x, dim)
+    return _stick_breaking(x, dim)

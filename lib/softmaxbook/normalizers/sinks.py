@@ -22,52 +22,23 @@ constraint, each in its own way:
 
 Every map takes ``(x, dim)`` like the library's other normalizers, treats
 ``-inf`` as a removed key, gives zeros (and zero gradients) for a row with
-nothing left, computes ``float16``/``bfloat16`` input in ``float32``, and is
-built from differentiable torch operations, so autograd, ``gradcheck`` and
-``torch.func`` (``vmap``, ``grad``, ``jacrev``) work through it unchanged.
+nothing left, and is built from differentiable torch operations, so autograd,
+``gradcheck`` and ``torch.func`` (``vmap``, ``grad``, ``jacrev``) work through
+it unchanged. The shared policy (argument checks, ``float16``/``bfloat16`` in
+``float32``, 0-d and empty input) is ``@normalizer``'s.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from numbers import Real
 
 import torch
 from torch import Tensor
 
-from ._validate import (
-    check_dim,
-    check_float,
-    check_positive_int,
-    check_real,
-    zero_empty_rows,
-)
+from .._validate import check_real, zero_empty_rows
+from ._policy import normalizer
 
-__all__ = [
-    "sink_softmax",
-    "softpick",
-    "clipped_softmax",
-    "relu_attention",
-    "ignore_gap",
-]
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _rowwise(function: Callable[..., Tensor], x: Tensor, dim: int, *args) -> Tensor:
-    """``function(x, dim, *args)`` in the compute dtype, for any shape of ``x``.
-
-    Half-precision scores are upcast to float32 once and the weights rounded
-    back once; a 0-d tensor is a row of one entry; an empty row gives an
-    empty result that keeps the autograd graph.
-    """
-    if x.dim() == 0:
-        return _rowwise(function, x.unsqueeze(0), 0, *args).squeeze(0)
-    if x.numel() == 0 or x.shape[dim] == 0:
-        return x * 0
-    compute = torch.float32 if x.dtype in _HALF else x.dtype
-    return function(x.to(compute), dim, *args).to(x.dtype)
+__all__ = ["sink_softmax", "softpick", "clipped_softmax", "relu_attention"]
 
 
 def _removed(x: Tensor) -> Tensor:
@@ -80,53 +51,44 @@ def _removed(x: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _check_sink(sink, x: Tensor, dim: int) -> Tensor:
-    """The sink as a tensor that broadcasts to ``x`` with ``dim`` of size 1."""
-    if isinstance(sink, Real) and not isinstance(sink, bool):
-        return torch.tensor(float(sink), dtype=x.dtype, device=x.device)
-    if not isinstance(sink, Tensor):
+def _sink_options(x: Tensor, dim: int, *, sinks: float | Tensor) -> dict[str, Tensor]:
+    """The sinks as a tensor that broadcasts to ``x`` with ``dim`` of size 1."""
+    if isinstance(sinks, Real) and not isinstance(sinks, bool):
+        return {"sinks": torch.tensor(float(sinks), dtype=x.dtype, device=x.device)}
+    if not isinstance(sinks, Tensor):
         raise TypeError(
-            f"sink must be a real number or a floating-point tensor, got "
-            f"{type(sink).__name__}"
+            f"sinks must be a real number or a floating-point tensor, got "
+            f"{type(sinks).__name__}"
         )
-    if not sink.is_floating_point():
+    if not sinks.is_floating_point():
         raise TypeError(
-            f"sink must be a floating-point tensor, got dtype {sink.dtype}; "
-            "convert it first, e.g. sink.float()"
+            f"sinks must be a floating-point tensor, got dtype {sinks.dtype}; "
+            "convert it first, e.g. sinks.float()"
         )
-    if sink.device != x.device:
+    if sinks.device != x.device:
         raise ValueError(
-            f"sink is on {sink.device} but x is on {x.device}; "
-            "move it with sink.to(x.device)"
+            f"sinks is on {sinks.device} but x is on {x.device}; "
+            "move it with sinks.to(x.device)"
         )
     row = list(x.shape)
     row[dim] = 1
     try:
-        shape = torch.broadcast_shapes(sink.shape, tuple(row))
+        shape = torch.broadcast_shapes(sinks.shape, tuple(row))
     except RuntimeError:
         shape = None
     if shape != tuple(row):
         raise ValueError(
-            f"sink of shape {tuple(sink.shape)} must broadcast to {tuple(row)}: "
+            f"sinks of shape {tuple(sinks.shape)} must broadcast to {tuple(row)}: "
             f"the shape of x {tuple(x.shape)} with dimension {dim} of size 1 "
             "(one sink logit per row)"
         )
-    return sink
+    return {"sinks": sinks}
 
 
-def _sink_softmax(x: Tensor, dim: int, sink: Tensor) -> Tensor:
-    sink = sink.to(x.dtype)
-    # Shift by the largest logit of the row, the sink's included, so that every
-    # exponential is <= 1. The shift cancels in the ratio: it needs no gradient.
-    m = torch.maximum(x.amax(dim, keepdim=True), sink).detach()
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # no finite logit
-    e = torch.exp(x - m)
-    total = torch.exp(sink - m) + e.sum(dim, keepdim=True)
-    # A removed row with a sink of -inf has nothing at all: 0 / 1 = 0.
-    return e / torch.where(total > 0, total, torch.ones_like(total))
-
-
-def sink_softmax(x: Tensor, sink, dim: int = -1) -> Tensor:
+@normalizer(
+    sparse=False, sums_to_one=False, options=_sink_options, renamed={"sink": "sinks"}
+)
+def sink_softmax(x: Tensor, sinks: float | Tensor = 0.0, dim: int = -1) -> Tensor:
     r"""Softmax with a sink logit:
     :math:`p_i = e^{x_i} / (e^{b} + \sum_j e^{x_j})`.
 
@@ -142,21 +104,28 @@ def sink_softmax(x: Tensor, sink, dim: int = -1) -> Tensor:
     :math:`\max(b, \max_j x_j)`. ``-inf`` entries get weight 0; a row of only
     ``-inf`` gives zeros (the sink takes everything).
 
-    Shapes: ``x`` is ``(..., N)`` (normalized along ``dim``); ``sink`` is a
+    Shapes: ``x`` is ``(..., N)`` (normalized along ``dim``); ``sinks`` is a
     number or a tensor that broadcasts to ``x`` with ``dim`` of size 1, e.g.
     ``(..., 1)``; the result has the shape and dtype of ``x``.
 
     Equivalent to
-    ``torch.cat([x, sink.expand(...)], dim).softmax(dim)`` without its last
-    entry along ``dim``.
+    ``torch.cat([x, sinks.expand(...)], dim).softmax(dim)`` without its last
+    entry along ``dim``:
+
+    >>> import torch
+    >>> x, b = torch.tensor([[1.0, -0.5, 2.0]]), torch.tensor([[0.5]])
+    >>> full = torch.cat([x, b], dim=-1).softmax(-1)[:, :-1]
+    >>> torch.allclose(sink_softmax(x, b), full)
+    True
 
     Parameters
     ----------
     x : Tensor
         Scores, any floating dtype and device.
-    sink : float or Tensor
+    sinks : float or Tensor
         The sink logit(s) :math:`b`; a tensor can require a gradient (a
-        learned sink).
+        learned sink). The default, 0, makes it
+        :func:`~softmaxbook.softmax_one`. (``sink=`` is its deprecated name.)
     dim : int
         The dimension to normalize; negative values count from the end.
 
@@ -169,17 +138,22 @@ def sink_softmax(x: Tensor, sink, dim: int = -1) -> Tensor:
     ------
     TypeError
         If ``x`` is not a floating-point tensor, ``dim`` is not an int, or
-        ``sink`` is neither a real number nor a floating-point tensor.
+        ``sinks`` is neither a real number nor a floating-point tensor.
     ValueError
-        If ``sink`` does not broadcast to one logit per row, or lives on
+        If ``sinks`` does not broadcast to one logit per row, or lives on
         another device.
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    sink = _check_sink(sink, x.reshape(1) if x.dim() == 0 else x, dim)
-    return _rowwise(_sink_softmax, x, dim, sink)
+    sink = sinks.to(x.dtype)  # type: ignore[union-attr]  # a tensor: _sink_options
+    # Shift by the largest logit of the row, the sink's included, so that every
+    # exponential is <= 1. The shift cancels in the ratio: it needs no gradient.
+    m = torch.maximum(x.amax(dim, keepdim=True), sink).detach()
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # no finite logit
+    e = torch.exp(x - m)
+    total = torch.exp(sink - m) + e.sum(dim, keepdim=True)
+    # A removed row with a sink of -inf has nothing at all: 0 / 1 = 0.
+    return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
 # --------------------------------------------------------------------------------------
@@ -208,6 +182,7 @@ def _softpick(x: Tensor, dim: int) -> Tensor:
     return numerator / torch.where(total > 0, total, torch.ones_like(total))
 
 
+@normalizer(sparse=True, sums_to_one=False)
 def softpick(x: Tensor, dim: int = -1) -> Tensor:
     r"""Softpick: :math:`p_i = \mathrm{relu}(e^{x_i} - 1) / \sum_j |e^{x_j} - 1|`.
 
@@ -253,9 +228,7 @@ def softpick(x: Tensor, dim: int = -1) -> Tensor:
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _rowwise(_softpick, x, dim)
+    return _softpick(x, dim)
 
 
 # --------------------------------------------------------------------------------------
@@ -270,6 +243,17 @@ def _clipped_softmax(x: Tensor, dim: int, gamma: float, zeta: float) -> Tensor:
     return zero_empty_rows(clip, x, dim)  # a row with nothing to attend: zeros
 
 
+def _clipped_options(x: Tensor, dim: int, *, gamma: float, zeta: float) -> dict:
+    gamma = check_real(gamma, "gamma")
+    zeta = check_real(zeta, "zeta")
+    if gamma > 0:
+        raise ValueError(f"gamma must be <= 0 (it stretches below 0), got {gamma}")
+    if zeta < 1:
+        raise ValueError(f"zeta must be >= 1 (it stretches above 1), got {zeta}")
+    return {"gamma": gamma, "zeta": zeta}
+
+
+@normalizer(sparse=True, sums_to_one=False, options=_clipped_options)
 def clipped_softmax(
     x: Tensor, dim: int = -1, *, gamma: float = -0.025, zeta: float = 1.0
 ) -> Tensor:
@@ -323,15 +307,7 @@ def clipped_softmax(
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    gamma = check_real(gamma, "gamma")
-    zeta = check_real(zeta, "zeta")
-    if gamma > 0:
-        raise ValueError(f"gamma must be <= 0 (it stretches below 0), got {gamma}")
-    if zeta < 1:
-        raise ValueError(f"zeta must be >= 1 (it stretches above 1), got {zeta}")
-    return _rowwise(_clipped_softmax, x, dim, gamma, zeta)
+    return _clipped_softmax(x, dim, gamma, zeta)
 
 
 # --------------------------------------------------------------------------------------
@@ -344,6 +320,7 @@ def _relu_attention(x: Tensor, dim: int) -> Tensor:
     return torch.relu(x) / kept.to(x.dtype)
 
 
+@normalizer(sparse=True, sums_to_one=False)
 def relu_attention(x: Tensor, dim: int = -1) -> Tensor:
     r"""ReLU attention: :math:`p_i = \max(x_i, 0) / n`, with :math:`n` the
     number of keys.
@@ -386,100 +363,4 @@ def relu_attention(x: Tensor, dim: int = -1) -> Tensor:
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _rowwise(_relu_attention, x, dim)
-
-
-# --------------------------------------------------------------------------------------
-# the score gap that ignoring a row of keys takes
-# --------------------------------------------------------------------------------------
-
-_GAP_LIMIT = 1e4  # beyond this gap a normalizer is taken to never get there
-_GAP_POINTS = 16  # gaps tried at once: each round narrows the bracket 16-fold
-_GAP_ROUNDS = 14  # 1e4 / 16**14 is far below float64 resolution of the gap
-
-
-def ignore_gap(
-    normalizer: Callable[..., Tensor],
-    n: int,
-    eps: float = 1e-3,
-    *,
-    sink_key: bool = True,
-) -> float:
-    r"""The score gap :math:`\Delta` at which ``normalizer`` gives ``n``
-    irrelevant keys a total weight of at most ``eps``.
-
-    The row is ``[0, -Δ, ..., -Δ]``: one *sink key* with score 0 (dropped
-    with ``sink_key=False``) and ``n`` irrelevant keys :math:`\Delta` below
-    it. The result is the smallest :math:`\Delta \ge 0` for which the
-    irrelevant keys get at most ``eps`` in total, found in float64 by
-    narrowing a grid of 17 gaps 14 times (one batch of rows per call);
-    ``inf`` when no gap up to :math:`10^4` gets there (softmax without a sink
-    key, whose weights always sum to 1). For softmax with a
-    sink key it is :math:`\log(n (1 - \epsilon)/\epsilon)`: every halving of
-    :math:`\epsilon` costs another :math:`\log 2` of score, forever. For
-    :func:`softpick` and :func:`relu_attention` it is 0: a score
-    :math:`\le 0` is already ignored.
-
-    Parameters
-    ----------
-    normalizer : callable
-        ``f(scores, dim=-1)``, e.g. :func:`~softmaxbook.softmax_one` or
-        ``functools.partial(sink_softmax, sink=2.0)``; its total weight on the
-        irrelevant keys must not grow with the gap.
-    n : int
-        The number of irrelevant keys, ``>= 1``.
-    eps : float
-        The total weight to reach, in ``(0, 1)``.
-    sink_key : bool
-        Put a key with score 0 in front of the irrelevant ones.
-
-    Returns
-    -------
-    float
-        The gap :math:`\Delta`, or ``math.inf``.
-
-    Raises
-    ------
-    TypeError
-        If ``normalizer`` is not callable, ``n`` not an int or ``eps`` not a
-        real number.
-    ValueError
-        If ``n < 1`` or ``eps`` is not in ``(0, 1)``.
-    """
-    if not callable(normalizer):
-        raise TypeError(
-            f"normalizer must be a callable f(scores, dim=-1), got "
-            f"{type(normalizer).__name__}"
-        )
-    n = check_positive_int(n, "n")
-    eps = check_real(eps, "eps")
-    if not 0 < eps < 1:
-        raise ValueError(f"eps must be in (0, 1), got {eps}")
-    sink = [0.0] if sink_key else []
-
-    def weights(gaps: Tensor) -> Tensor:
-        """Total weight on the irrelevant keys, one row (and one gap) per entry."""
-        rows = torch.cat(
-            [
-                torch.tensor(sink, dtype=torch.float64).expand(len(gaps), len(sink)),
-                (-gaps)[:, None].expand(len(gaps), n),
-            ],
-            dim=-1,
-        )
-        return normalizer(rows, dim=-1)[:, len(sink) :].sum(-1)
-
-    ends = weights(torch.tensor([0.0, _GAP_LIMIT], dtype=torch.float64))
-    if ends[0] <= eps:
-        return 0.0
-    if ends[1] > eps:
-        return math.inf
-    # Many bisections at once: evaluate a grid of gaps in one call, keep the
-    # interval where the weight first drops to eps (it does not grow with the gap).
-    low, high = 0.0, _GAP_LIMIT
-    for _ in range(_GAP_ROUNDS):
-        grid = torch.linspace(low, high, _GAP_POINTS + 1, dtype=torch.float64)
-        first = int((weights(grid) <= eps).to(torch.int8).argmax())
-        low, high = float(grid[first - 1]), float(grid[first])
-    return high
+    return _relu_attention(x, dim)

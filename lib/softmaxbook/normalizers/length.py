@@ -15,35 +15,24 @@ scores:
   row by a factor read off its own entropy, at inference time.
 
 The normalizers take ``(x, dim)`` like the library's others, treat ``-inf``
-as a removed key, give zeros for a row with nothing left, compute half
-precision in ``float32``, and are built from differentiable torch operations
-(autograd, ``gradcheck`` and ``torch.func`` work through them).
+as a removed key, give zeros for a row with nothing left, and are built from
+differentiable torch operations (autograd, ``gradcheck`` and ``torch.func``
+work through them). The shared policy (argument checks, half precision in
+``float32``, 0-d and empty input) is ``@normalizer``'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from numbers import Real
 
 import torch
 from torch import Tensor
 
-from ._validate import check_dim, check_float, check_real, zero_empty_rows
+from .._validate import check_real, zero_empty_rows
+from ._policy import normalizer
 
 __all__ = ["scalable_softmax", "yarn_logit_scale", "adaptive_temperature_softmax"]
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _rowwise(function: Callable[..., Tensor], x: Tensor, dim: int, *args) -> Tensor:
-    """``function(x, dim, *args)`` in the compute dtype, for any shape of ``x``."""
-    if x.dim() == 0:
-        return _rowwise(function, x.unsqueeze(0), 0, *args).squeeze(0)
-    if x.numel() == 0 or x.shape[dim] == 0:
-        return x * 0
-    compute = torch.float32 if x.dtype in _HALF else x.dtype
-    return function(x.to(compute), dim, *args).to(x.dtype)
 
 
 def _safe_softmax(x: Tensor, dim: int) -> Tensor:
@@ -66,17 +55,29 @@ def _scale_scores(x: Tensor, factor: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _scalable_softmax(x: Tensor, dim: int, s, n) -> Tensor:
-    if n is None:  # the keys this row may attend to
-        n = (~torch.isneginf(x)).sum(dim, keepdim=True).clamp_min(1).to(x.dtype)
+def _scalable_options(
+    x: Tensor, dim: int, *, s: float | Tensor, n: float | Tensor | None
+) -> dict[str, float | Tensor | None]:
+    if isinstance(s, Tensor):
+        if not s.is_floating_point():
+            raise TypeError(f"s must be a floating-point tensor, got dtype {s.dtype}")
     else:
-        n = torch.as_tensor(n, dtype=x.dtype, device=x.device)
-    s = s.to(x.dtype) if isinstance(s, Tensor) else s
-    # n = 1 makes a factor of 0: a single key, whose weight is 1 whatever its score.
-    return _safe_softmax(_scale_scores(x, s * torch.log(n)), dim)
+        s = check_real(s, "s")
+    if n is not None:
+        values = torch.as_tensor(n, dtype=torch.float64)
+        if not (torch.isfinite(values).all() and (values >= 1).all()):
+            raise ValueError(f"n must be finite and >= 1, got {n}")
+    return {"s": s, "n": n}
 
 
-def scalable_softmax(x: Tensor, dim: int = -1, *, s=0.43, n=None) -> Tensor:
+@normalizer(sparse=False, sums_to_one=True, options=_scalable_options)
+def scalable_softmax(
+    x: Tensor,
+    dim: int = -1,
+    *,
+    s: float | Tensor = 0.43,
+    n: float | Tensor | None = None,
+) -> Tensor:
     r"""Scalable-Softmax (SSMax):
     :math:`p_i = n^{s x_i} / \sum_j n^{s x_j} = \mathrm{softmax}(s \log n \cdot x)_i`.
 
@@ -130,18 +131,13 @@ def scalable_softmax(x: Tensor, dim: int = -1, *, s=0.43, n=None) -> Tensor:
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    if isinstance(s, Tensor):
-        if not s.is_floating_point():
-            raise TypeError(f"s must be a floating-point tensor, got dtype {s.dtype}")
+    if n is None:  # the keys this row may attend to
+        n = (~torch.isneginf(x)).sum(dim, keepdim=True).clamp_min(1).to(x.dtype)
     else:
-        s = check_real(s, "s")
-    if n is not None:
-        values = torch.as_tensor(n, dtype=torch.float64)
-        if not (torch.isfinite(values).all() and (values >= 1).all()):
-            raise ValueError(f"n must be finite and >= 1, got {n}")
-    return _rowwise(_scalable_softmax, x, dim, s, n)
+        n = torch.as_tensor(n, dtype=x.dtype, device=x.device)
+    s = s.to(x.dtype) if isinstance(s, Tensor) else s
+    # n = 1 makes a factor of 0: a single key, whose weight is 1 whatever its score.
+    return _safe_softmax(_scale_scores(x, s * torch.log(n)), dim)
 
 
 # --------------------------------------------------------------------------------------
@@ -198,20 +194,7 @@ _ENTROPY_POLYNOMIAL = (-0.037, 0.481, -2.3, 4.917, -1.791)
 _ENTROPY_THRESHOLD = 0.5  # rows sharper than this are left alone
 
 
-def _adaptive_temperature_softmax(x: Tensor, dim: int) -> Tensor:
-    # The entropy of the softmax, with 0 log 0 = 0 for removed keys: their log
-    # is zeroed before the product, so no -inf * 0 reaches the gradient.
-    removed = torch.isneginf(x)
-    p = _safe_softmax(x, dim)
-    logp = zero_empty_rows(lambda s: torch.log_softmax(s, dim), x, dim)
-    entropy = -(p * logp.masked_fill(removed, 0.0)).sum(dim, keepdim=True)
-    beta = torch.zeros_like(entropy)
-    for coefficient in _ENTROPY_POLYNOMIAL:  # Horner
-        beta = beta * entropy + coefficient
-    beta = torch.where(entropy > _ENTROPY_THRESHOLD, beta.clamp_min(1.0), 1.0)
-    return _safe_softmax(_scale_scores(x, beta), dim)
-
-
+@normalizer(sparse=False, sums_to_one=True)
 def adaptive_temperature_softmax(x: Tensor, dim: int = -1) -> Tensor:
     r"""Softmax sharpened by a temperature read off the row's entropy:
     :math:`\mathrm{softmax}(\beta(H) \cdot x)`.
@@ -249,6 +232,14 @@ def adaptive_temperature_softmax(x: Tensor, dim: int = -1) -> Tensor:
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _rowwise(_adaptive_temperature_softmax, x, dim)
+    # The entropy of the softmax, with 0 log 0 = 0 for removed keys: their log
+    # is zeroed before the product, so no -inf * 0 reaches the gradient.
+    removed = torch.isneginf(x)
+    p = _safe_softmax(x, dim)
+    logp = zero_empty_rows(lambda s: torch.log_softmax(s, dim), x, dim)
+    entropy = -(p * logp.masked_fill(removed, 0.0)).sum(dim, keepdim=True)
+    beta = torch.zeros_like(entropy)
+    for coefficient in _ENTROPY_POLYNOMIAL:  # Horner
+        beta = beta * entropy + coefficient
+    beta = torch.where(entropy > _ENTROPY_THRESHOLD, beta.clamp_min(1.0), 1.0)
+    return _safe_softmax(_scale_scores(x, beta), dim)

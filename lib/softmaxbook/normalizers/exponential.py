@@ -2,7 +2,12 @@ r"""Softmax, log-softmax and logsumexp in torch, each with a temperature.
 
 These are thin, checked wrappers around torch's fused kernels: the same dtype
 and device as the input, no extra copies, and a clear error for bad input.
-With ``temperature=1`` they cost exactly what ``torch.softmax`` costs.
+With ``temperature=1`` they cost what ``torch.softmax`` costs, plus the
+argument checks. Half precision goes to torch's kernels as it is: they
+compute in float32 themselves and round once, so an upcast here would only
+add two copies (``upcast=False`` in the policy). Like ``torch.softmax``, a row
+of only ``-inf`` gives ``nan``: :func:`~softmaxbook.masked_softmax` is the
+softmax that gives such a row zeros.
 """
 
 from __future__ import annotations
@@ -10,16 +15,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_dim, check_float, check_positive
+from .._validate import check_dim, check_float, check_positive
+from ._policy import normalizer
 
 __all__ = ["softmax", "log_softmax", "logsumexp"]
 
 
+def _temperature(x: Tensor, dim: int, *, temperature: float) -> dict[str, float]:
+    return {"temperature": check_positive(temperature, "temperature")}
+
+
 def _scaled(x: Tensor, temperature: float) -> Tensor:
-    t = check_positive(temperature, "temperature")
-    return x if t == 1.0 else x / t  # no copy in the common case
+    return x if temperature == 1.0 else x / temperature  # no copy in the common case
 
 
+@normalizer(
+    sparse=False,
+    sums_to_one=True,
+    empty_rows="nan",
+    options=_temperature,
+    upcast=False,
+)
 def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
     r"""Softmax along ``dim``:
     :math:`\mathrm{softmax}(x)_i = e^{x_i/T} / \sum_j e^{x_j/T}`.
@@ -44,9 +60,16 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
         The dimension to normalize; negative values count from the end.
     temperature : float
         :math:`T > 0`. Below 1 sharpens the distribution, above 1 flattens it.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.tensor([1.0, 0.5, 2.5, -0.1])
+    >>> softmax(x)
+    tensor([0.1557, 0.0945, 0.6980, 0.0518])
+    >>> torch.allclose(softmax(x, temperature=2.0), torch.softmax(x / 2.0, -1))
+    True
     """
-    check_float(x)
-    dim = check_dim(x, dim)
     return torch.softmax(_scaled(x, temperature), dim=dim)
 
 
@@ -59,10 +82,20 @@ def log_softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
-    Equivalent to ``torch.log_softmax(x / temperature, dim)``.
+    It is not in the registry of normalizers: its values are log-weights.
+
+    Equivalent to ``torch.log_softmax(x / temperature, dim)``:
+
+    >>> import torch
+    >>> x = torch.tensor([0.0, -800.0])
+    >>> log_softmax(x)
+    tensor([   0., -800.])
+    >>> torch.equal(log_softmax(x), torch.log_softmax(x, -1))
+    True
     """
     check_float(x)
     dim = check_dim(x, dim)
+    temperature = check_positive(temperature, "temperature")
     return torch.log_softmax(_scaled(x, temperature), dim=dim)
 
 
@@ -76,7 +109,13 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     Shapes: ``x`` is ``(..., N)``; the result is ``(...)``, or ``(..., 1)``
     with ``keepdim=True``.
 
-    Equivalent to ``torch.logsumexp(x, dim, keepdim)``.
+    A reduction, not a normalizer (it is not in the registry).
+
+    Equivalent to ``torch.logsumexp(x, dim, keepdim)``:
+
+    >>> import torch
+    >>> logsumexp(torch.tensor([0.0, 0.0]))
+    tensor(0.6931)
     """
     check_float(x)
     dim = check_dim(x, dim)

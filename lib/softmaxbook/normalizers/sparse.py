@@ -1,19 +1,17 @@
-r"""Alternatives to softmax as attention normalizers.
+r"""Sparse normalizers: sparsemax, 1.5-entmax and :math:`\alpha`-entmax.
 
-Sparse maps that can put exactly zero weight on a key (sparsemax, 1.5-entmax,
-:math:`\alpha`-entmax), softmax-off-by-one that may put (almost) no weight
-anywhere, and two elementwise normalizers (ReLU and sigmoid). Every function
-maps scores to weights along ``dim``, treats ``-inf`` entries as removed keys,
-gives all-zero weights (and zero gradients, never ``nan``) for a row whose
-entries are all ``-inf``, and has a hand-written backward pass.
-
-Half-precision inputs (``float16``, ``bfloat16``) are computed in ``float32``
-and the result is cast back, so the thresholds are not found in 3 decimal
-digits.
+Maps that can put exactly zero weight on a key: each is the projection of the
+scores onto the probability simplex under a regularizer (Martins & Astudillo,
+2016; Peters, Niculae & Martins, 2019), so the weights sum to one and every
+score below a threshold gets weight 0. Each treats ``-inf`` entries as removed
+keys, gives all-zero weights (and zero gradients, never ``nan``) for a row
+whose entries are all ``-inf``, and has a hand-written backward pass.
 
 Each map is a ``torch.autograd.Function`` in the modern form (``forward``,
 ``setup_context``, ``backward``) with a ``vmap`` rule, so it composes with
-``torch.func``: ``vmap``, ``grad``, ``jacrev``, per-sample gradients.
+``torch.func``: ``vmap``, ``grad``, ``jacrev``, per-sample gradients. The
+shared policy (argument checks, half precision in ``float32``, 0-d and empty
+input) is ``@normalizer``'s.
 
 Speed: sparsemax and 1.5-entmax find their threshold without sorting whole
 rows. The threshold is known to lie above ``t0`` (the row maximum minus 1, or
@@ -32,60 +30,16 @@ from __future__ import annotations
 import inspect
 import math
 from numbers import Real
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._validate import check_dim, check_float, check_positive_int
+from .._validate import check_positive_int
+from ._policy import RowwiseFunction, normalizer
 
-__all__ = [
-    "sparsemax",
-    "entmax15",
-    "entmax_bisect",
-    "softmax_one",
-    "relu_normalize",
-    "sigmoid_normalize",
-]
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in _HALF else x.dtype
-
-
-def _apply(function, x: Tensor, dim: int, *args) -> Tensor:
-    """Run ``function`` (an autograd Function) along ``dim`` in the compute dtype.
-
-    Half-precision scores are upcast to float32 here, once, and the weights
-    rounded back at the end: the thresholds and sums are found in float32, and
-    the Functions below never see a 16-bit float. 0-d and empty inputs too.
-    """
-    if x.dim() == 0:  # a single score is a row of length 1
-        return _apply(function, x.unsqueeze(0), 0, *args).squeeze(0)
-    if x.numel() == 0:
-        return x * 0  # nothing to normalize; keeps the autograd graph
-    return function.apply(x.to(_compute_dtype(x)), dim, *args).to(x.dtype)
-
-
-class _RowwiseFunction(torch.autograd.Function):
-    """An autograd Function that normalizes ``x`` along ``dim``, row by row.
-
-    ``forward(x, dim, *options)`` computes, ``setup_context`` saves what the
-    backward pass needs, and the ``vmap`` rule below lets ``torch.func.vmap``
-    (and so ``jacrev``, ``jacfwd`` of a batch, per-sample gradients) batch it:
-    a vmapped dimension is one more batch dimension, so the rule moves it to
-    the front and normalizes the same ``dim`` of every row at once.
-    """
-
-    @classmethod
-    def vmap(cls, info, in_dims, x, dim, *options):
-        if in_dims[0] is None:  # x is not batched: nothing to do but the call
-            return cls.apply(x, dim, *options), None
-        x = x.movedim(in_dims[0], 0)
-        return cls.apply(x, dim if dim < 0 else dim + 1, *options), 0
-
+__all__ = ["sparsemax", "entmax15", "entmax_bisect"]
 
 # --------------------------------------------------------------------------------------
 # sparsemax and 1.5-entmax: exact thresholds from a few sorted candidates
@@ -242,37 +196,37 @@ def _support_backward(grad: Tensor, weight: Tensor, dim: int) -> Tensor:
     return wg - q * weight
 
 
-class _Sparsemax(_RowwiseFunction):
+class _Sparsemax(RowwiseFunction):
     @staticmethod
-    def forward(x, dim):
+    def forward(x: Tensor, dim: int) -> Tensor:
         return _sparse_forward(x, dim, "sparsemax")
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         ctx.save_for_backward(output)
         ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (p,) = ctx.saved_tensors
         support = (p > 0).to(p.dtype)
         return _support_backward(grad, support, ctx.dim), None
 
 
-class _Entmax15(_RowwiseFunction):
+class _Entmax15(RowwiseFunction):
     @staticmethod
-    def forward(x, dim):
+    def forward(x: Tensor, dim: int) -> Tensor:
         return _sparse_forward(x, dim, "entmax15")
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         ctx.save_for_backward(output)
         ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (p,) = ctx.saved_tensors
         return _support_backward(grad, p.sqrt(), ctx.dim), None
 
@@ -280,9 +234,10 @@ class _Entmax15(_RowwiseFunction):
 # Function.apply binds its arguments with inspect.signature on every call; a
 # signature computed once makes that a lookup.
 for _function in (_Sparsemax, _Entmax15):
-    _function.forward.__signature__ = inspect.signature(_function.forward)
+    _function.forward.__signature__ = inspect.signature(_function.forward)  # type: ignore[attr-defined]
 
 
+@normalizer(sparse=True, sums_to_one=True)
 def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     r"""Sparsemax: :math:`\arg\min_{p \in \Delta} \lVert p - x \rVert^2 = [x - \tau]_+`.
 
@@ -325,11 +280,10 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _apply(_Sparsemax, x, dim)
+    return _Sparsemax.apply(x, dim)
 
 
+@normalizer(sparse=True, sums_to_one=True)
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     r"""1.5-entmax: :math:`p_i = [x_i/2 - \tau]_+^2`, with :math:`\tau` such that
     :math:`\sum_i p_i = 1`.
@@ -370,9 +324,7 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _apply(_Entmax15, x, dim)
+    return _Entmax15.apply(x, dim)
 
 
 # --------------------------------------------------------------------------------------
@@ -380,9 +332,9 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-class _EntmaxBisect(_RowwiseFunction):
+class _EntmaxBisect(RowwiseFunction):
     @staticmethod
-    def forward(x, dim, alpha, n_iter):
+    def forward(x: Tensor, dim: int, alpha: float, n_iter: int) -> Tensor:
         m = x.amax(dim, keepdim=True)
         finite = torch.isfinite(m)
         z = (x - torch.where(finite, m, torch.zeros_like(m))) * (alpha - 1)  # max 0
@@ -402,19 +354,33 @@ class _EntmaxBisect(_RowwiseFunction):
         return torch.where(torch.isnan(m) | (m == float("inf")), float("nan"), p)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         _, ctx.dim, ctx.alpha, _ = inputs
         ctx.save_for_backward(output)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (p,) = ctx.saved_tensors
         # 1/g''(p) = p^(2 - alpha) on the support (Peters et al., 2019, Prop. 1).
         s = torch.where(p > 0, p.clamp_min(0) ** (2 - ctx.alpha), torch.zeros_like(p))
         return _support_backward(grad, s, ctx.dim), None, None, None
 
 
+def _bisect_options(
+    x: Tensor, dim: int, *, alpha: float, n_iter: int
+) -> dict[str, float | int]:
+    if isinstance(alpha, bool) or not isinstance(alpha, Real):
+        raise TypeError(f"alpha must be a real number > 1, got {type(alpha).__name__}")
+    if not (math.isfinite(alpha) and alpha > 1):
+        raise ValueError(
+            f"alpha must be a finite number > 1, got {alpha}; "
+            "alpha = 1 is softmax: use softmax(x) instead"
+        )
+    return {"alpha": float(alpha), "n_iter": check_positive_int(n_iter, "n_iter")}
+
+
+@normalizer(sparse=True, sums_to_one=True, options=_bisect_options)
 def entmax_bisect(
     x: Tensor, alpha: float = 1.5, dim: int = -1, n_iter: int = 50
 ) -> Tensor:
@@ -466,227 +432,4 @@ def entmax_bisect(
     IndexError
         If ``dim`` is out of range.
     """
-    check_float(x)
-    dim = check_dim(x, dim)
-    if isinstance(alpha, bool) or not isinstance(alpha, Real):
-        raise TypeError(f"alpha must be a real number > 1, got {type(alpha).__name__}")
-    if not (math.isfinite(alpha) and alpha > 1):
-        raise ValueError(
-            f"alpha must be a finite number > 1, got {alpha}; "
-            "alpha = 1 is softmax: use softmax(x) instead"
-        )
-    n_iter = check_positive_int(n_iter, "n_iter")
-    return _apply(_EntmaxBisect, x, dim, float(alpha), n_iter)
-
-
-# --------------------------------------------------------------------------------------
-# softmax-off-by-one, ReLU and sigmoid normalization
-# --------------------------------------------------------------------------------------
-
-
-class _SoftmaxOne(_RowwiseFunction):
-    @staticmethod
-    def forward(x, dim):
-        # Shift by max(m, 0), not m: the implicit extra logit 0 is part of the
-        # maximum, so e^{-shift} (its term) and every e^{x_i - shift} stay <= 1.
-        # No overflow, and a row of only -inf gives 0 / 1 = 0.
-        shift = x.amax(dim, keepdim=True).clamp_min(0)
-        e = torch.exp(x - shift)
-        return e / (torch.exp(-shift) + e.sum(dim, keepdim=True))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-        ctx.dim = inputs[1]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        # Same form as softmax's: dp_i/dx_j = p_i (delta_ij - p_j).
-        return p * (grad - (p * grad).sum(ctx.dim, keepdim=True)), None
-
-
-def softmax_one(x: Tensor, dim: int = -1) -> Tensor:
-    r"""Softmax-off-by-one:
-    :math:`\mathrm{softmax}_1(x)_i = e^{x_i} / (1 + \sum_j e^{x_j})`.
-
-    Softmax with an extra, implicit logit fixed at 0 whose weight is thrown
-    away (Miller, 2023, "quiet attention"): the weights sum to
-    :math:`1 - 1/(1 + \sum_j e^{x_j}) < 1`, so a head whose scores are all very
-    negative can attend to (almost) nothing instead of being forced to put
-    weight 1 somewhere. Stable for any finite input: the scores are shifted
-    by :math:`\max(\max_j x_j, 0)`. The Jacobian has softmax's form,
-    :math:`\mathrm{diag}(p) - p p^\top`.
-
-    ``-inf`` entries get weight 0; a row of only ``-inf`` gives zeros (no
-    special case needed: the extra logit absorbs all the weight).
-
-    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
-
-    Equivalent to ``torch.softmax(torch.cat([x, zeros], dim), dim)`` with
-    the last entry dropped.
-
-    Parameters
-    ----------
-    x : Tensor
-        Scores, any floating dtype and device.
-    dim : int
-        The dimension to normalize; negative values count from the end.
-
-    Returns
-    -------
-    Tensor
-        Non-negative weights whose sum along ``dim`` is below 1.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` is not a floating-point tensor or ``dim`` is not an int.
-    IndexError
-        If ``dim`` is out of range.
-    """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _apply(_SoftmaxOne, x, dim)
-
-
-class _ReluNormalize(_RowwiseFunction):
-    @staticmethod
-    def forward(x, dim):
-        r = x.clamp_min(0)
-        total = r.sum(dim, keepdim=True)
-        # A row with no positive score: 0 / 1 = 0 (a nan row stays nan).
-        return r / torch.where(total == 0, torch.ones_like(total), total)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, ctx.dim = inputs
-        ctx.save_for_backward(x, output)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        x, p = ctx.saved_tensors
-        total = x.clamp_min(0).sum(ctx.dim, keepdim=True)
-        total = torch.where(total == 0, torch.ones_like(total), total)
-        # d p_i / d x_j = [x_j > 0] (delta_ij - p_i) / sum_k relu(x_k).
-        dx = (grad - (p * grad).sum(ctx.dim, keepdim=True)) / total
-        return torch.where(x > 0, dx, torch.zeros_like(dx)), None
-
-
-def relu_normalize(x: Tensor, dim: int = -1) -> Tensor:
-    r"""ReLU normalization: :math:`p_i = \max(x_i, 0) / \sum_j \max(x_j, 0)`.
-
-    A cheap, sparse normalizer: non-positive scores get exactly zero weight.
-    Unlike softmax it is invariant to scaling the scores (not to shifting
-    them), and it has a failure mode: **a row with no positive score has
-    nothing to normalize**. This function returns all-zero weights for such a
-    row (and a zero gradient), rather than the ``0/0 = nan`` of the naive
-    formula; note that this makes the map discontinuous there (a single score
-    of :math:`+\epsilon` gives weight 1). The gradient at a score of exactly
-    0 is taken to be 0.
-
-    ``-inf`` entries get weight 0.
-
-    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
-
-    Equivalent to ``torch.relu(x) / torch.relu(x).sum(dim, keepdim=True)``
-    where that sum is positive.
-
-    Parameters
-    ----------
-    x : Tensor
-        Scores, any floating dtype and device.
-    dim : int
-        The dimension to normalize; negative values count from the end.
-
-    Returns
-    -------
-    Tensor
-        Weights summing to 1 along ``dim``, or all zero in a row without a
-        positive score.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` is not a floating-point tensor or ``dim`` is not an int.
-    IndexError
-        If ``dim`` is out of range.
-    """
-    check_float(x)
-    dim = check_dim(x, dim)
-    return _apply(_ReluNormalize, x, dim)
-
-
-class _SigmoidNormalize(_RowwiseFunction):
-    @staticmethod
-    def forward(x, dim, bias):
-        return torch.sigmoid(x + bias)  # dim only chose the default bias
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        return grad * p * (1 - p), None, None
-
-
-def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Tensor:
-    r"""Sigmoid attention weights: :math:`p_i = \sigma(x_i + b)`, by default
-    :math:`b = -\log n`.
-
-    Each key is weighted independently by a logistic sigmoid; nothing makes
-    the weights sum to 1. Ramapuram et al. (2025) show that the bias
-    :math:`b = -\log n`, with :math:`n` the number of keys (the size along
-    ``dim``), keeps the total weight near the softmax's at the start of
-    training: for scores near 0 each weight is about :math:`1/(n+1)`, so they
-    sum to about 1. Without it the sum is :math:`n/2`. The Jacobian is
-    diagonal, :math:`\sigma'(x_i + b) = p_i (1 - p_i)`.
-
-    ``-inf`` entries get weight 0 (so a row of only ``-inf`` gives zeros);
-    the default bias counts them in :math:`n` all the same.
-
-    Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
-
-    Equivalent to ``torch.sigmoid(x + bias)``.
-
-    Parameters
-    ----------
-    x : Tensor
-        Scores, any floating dtype and device.
-    dim : int
-        The dimension of the keys: only used for the default bias.
-    bias : float, optional
-        The bias :math:`b`; defaults to :math:`-\log n`, ``n = x.shape[dim]``.
-
-    Returns
-    -------
-    Tensor
-        Weights in :math:`(0, 1)`, not normalized.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` is not a floating-point tensor, ``dim`` is not an int, or
-        ``bias`` is not a real number.
-    ValueError
-        If ``bias`` is not finite.
-    IndexError
-        If ``dim`` is out of range.
-    """
-    check_float(x)
-    dim = check_dim(x, dim)
-    if bias is None:
-        n = x.shape[dim] if x.dim() else 1
-        bias = -math.log(n) if n > 0 else 0.0
-    elif isinstance(bias, bool) or not isinstance(bias, Real):
-        raise TypeError(
-            f"bias must be a real number or None, got {type(bias).__name__}"
-        )
-    elif not math.isfinite(bias):
-        raise ValueError(f"bias must be finite, got {bias}")
-    return _apply(_SigmoidNormalize, x, dim, float(bias))
+    return _EntmaxBisect.apply(x, dim, alpha, n_iter)
