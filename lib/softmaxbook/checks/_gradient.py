@@ -8,12 +8,15 @@ that ``torch.where`` sends back from the branch it did not take.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from ._inputs import F64, close
 from ._report import fmt
-from ._session import Session
+from ._session import Named, Session
 
 _NOT_AUTOGRAD_HINT = (
     "The forward values are right but not their derivatives: did part of "
@@ -25,18 +28,18 @@ _NOT_AUTOGRAD_HINT = (
 def compare_gradients(
     session: Session,
     label: str,
-    args,
-    kwargs=(),
+    args: Named,
+    kwargs: Named = (),
     *,
-    wrt,
-    shapes,
-    output_grads,
-    want: dict,
-    forward,
+    wrt: Collection[str],
+    shapes: Sequence[Sequence[int]],
+    output_grads: Any,
+    want: dict[str, Tensor],
+    forward: Any,
     outputs: int = 1,
     hint: str = "",
     where: Tensor | None = None,
-    project=None,
+    project: Callable[[Tensor], Tensor] | None = None,
 ) -> None:
     """Backpropagate ``output_grads`` through ``session.fn``; compare with ``want``.
 
@@ -47,7 +50,7 @@ def compare_gradients(
     holds the expected output(s): when they are wrong (a problem the forward
     checks of the same input report), the gradients are not compared.
     """
-    leaves = {}
+    leaves: dict[str, Tensor] = {}
     args = [(n, _leaf(n, t, wrt, leaves)) for n, t in args]
     kwargs = [(n, _leaf(n, t, wrt, leaves)) for n, t in kwargs]
     out = session.call(label, args, kwargs, shapes=shapes, outputs=outputs)
@@ -78,14 +81,14 @@ def compare_gradients(
         _compare(session, label, name, grad, want[name], hint, where, project)
 
 
-def _leaf(name: str, t, wrt, leaves: dict):
+def _leaf(name: str, t: Any, wrt: Collection[str], leaves: dict[str, Tensor]) -> Any:
     if t is None or name not in wrt:
         return t
     leaves[name] = t.detach().clone().requires_grad_(True)
     return leaves[name]
 
 
-def _forward_right(outs: list, expected: list) -> bool:
+def _forward_right(outs: list[Tensor], expected: list[Tensor]) -> bool:
     return all(
         o.dtype == w.dtype and bool(close(o.detach().to(F64), w, 1e-10, 1e-10).all())
         for o, w in zip(outs, expected)
@@ -96,11 +99,11 @@ def _compare(
     session: Session,
     label: str,
     name: str,
-    grad,
+    grad: Tensor | None,
     want: Tensor,
     hint: str,
     where: Tensor | None = None,
-    project=None,
+    project: Callable[[Tensor], Tensor] | None = None,
 ) -> None:
     if grad is None:
         session.problem(

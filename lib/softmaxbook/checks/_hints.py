@@ -7,6 +7,8 @@ the wrong way round); those of one checker stay in its module.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -75,7 +77,7 @@ ERROR_HINTS = [
 ]
 
 
-def error_hint(error: Exception, hints=ERROR_HINTS) -> str:
+def error_hint(error: Exception, hints: Sequence[tuple[str, str]] = ERROR_HINTS) -> str:
     if isinstance(error, NotImplementedError):
         return "Implement the function: the stub still raises NotImplementedError."
     text = str(error)

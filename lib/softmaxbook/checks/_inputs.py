@@ -9,6 +9,7 @@ the tolerance of its dtype.
 from __future__ import annotations
 
 import math
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -36,19 +37,23 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def randn(g: torch.Generator, *shape, scale: float = 1.0) -> Tensor:
+def randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> Tensor:
     return torch.randn(*shape, generator=g, dtype=F64) * scale
 
 
-def numpy64(t):
+@overload
+def numpy64(t: Tensor) -> np.ndarray: ...
+@overload
+def numpy64(t: None) -> None: ...
+def numpy64(t: Tensor | None) -> np.ndarray | None:
     return None if t is None else t.detach().to("cpu", F64).numpy()
 
 
-def tensor64(a) -> Tensor:
+def tensor64(a: Any) -> Tensor:
     return torch.from_numpy(np.asarray(a, dtype=np.float64))
 
 
-def random_mask(g: torch.Generator, *shape, keep: float = 0.6) -> Tensor:
+def random_mask(g: torch.Generator, *shape: int, keep: float = 0.6) -> Tensor:
     """A random boolean mask (True = may attend) with at least one True per row."""
     mask = torch.rand(*shape, generator=g) < keep
     mask[..., 0] |= ~mask.any(dim=-1)

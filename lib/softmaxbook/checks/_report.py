@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,7 +80,7 @@ class CheckReport:
             )
         return "\n".join(lines)
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))  # IPython shows str(), not the fields
 
     def raise_if_failed(self) -> None:
@@ -87,9 +89,9 @@ class CheckReport:
             raise AssertionError(str(self))
 
 
-def wrap(text: str, **indents) -> list[str]:
+def wrap(text: str, initial_indent: str = "", subsequent_indent: str = "") -> list[str]:
     """Wrap at ``WIDTH`` columns; short ``[...]`` and ``(...)`` groups stay whole."""
-    chars, opened = list(text), []
+    chars, opened = list(text), list[int]()
     for i, char in enumerate(chars):
         if char in "([":
             opened.append(i)
@@ -98,7 +100,13 @@ def wrap(text: str, **indents) -> list[str]:
             if i - start <= 40:  # keep "[nan, 0]" and "(float64, overflow)" whole
                 chars[start:i] = [c if c != " " else "\0" for c in chars[start:i]]
     text = re.sub(r"\b(\w{1,2}) \(", "\\1\0(", "".join(chars))  # "q (4, 8)" stays whole
-    lines = textwrap.wrap(text, WIDTH, break_on_hyphens=False, **indents)
+    lines = textwrap.wrap(
+        text,
+        WIDTH,
+        break_on_hyphens=False,
+        initial_indent=initial_indent,
+        subsequent_indent=subsequent_indent,
+    )
     return [line.replace("\0", " ") for line in lines]
 
 
@@ -110,7 +118,7 @@ def fmt_number(v: float) -> str:
     return "0" if v == 0 else f"{v:.4g}"
 
 
-def fmt(t, limit: int = 8) -> str:
+def fmt(t: object, limit: int = 8) -> str:
     """A short, stable rendering of a tensor's values: ``[0.7311, 0.2689, 0]``."""
     t = torch.as_tensor(t).detach().to("cpu", torch.float64)
     if t.dim() == 0:
@@ -123,11 +131,11 @@ def fmt(t, limit: int = 8) -> str:
     return text if t.dim() <= 1 else f"{text} (shape {shape_of(t)})"
 
 
-def shape_of(t) -> str:
+def shape_of(t: Any) -> str:
     return str(tuple(t.shape))
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: object) -> str:
     return str(dtype).replace("torch.", "")  # also NumPy's dtypes: "float32"
 
 
@@ -155,7 +163,7 @@ def mismatch(label: str, noun: str, got: Tensor, want: Tensor, what: str) -> str
     )
 
 
-def function_name(fn) -> str:
+def function_name(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return "a lambda" if name == "<lambda>" else name
 
@@ -168,9 +176,10 @@ class Problems:
     """
 
     def __init__(self) -> None:
-        self._problems: dict = {}
+        # key -> (message, the first input that showed it, the other inputs)
+        self._problems: dict[object, tuple[str, str, list[str]]] = {}
 
-    def problem(self, key, label: str, message: str) -> None:
+    def problem(self, key: object, label: str, message: str) -> None:
         """Record ``message``, revealed by the input ``label``, under ``key``."""
         if key in self._problems:
             _, first, also = self._problems[key]

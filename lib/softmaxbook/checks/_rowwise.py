@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -10,7 +14,7 @@ from ._inputs import F32, F64, generator, input_label, numpy64, randn, tensor64
 from ._session import Candidate, Session
 
 
-def wrong_dim_candidates(x: Tensor, function) -> list[Candidate]:
+def wrong_dim_candidates(x: Tensor, function: Callable[..., Any]) -> list[Candidate]:
     """What normalizing along another dimension would give."""
     found = []
     for d in range(x.dim() - 1):
@@ -34,16 +38,16 @@ def rowwise_checks(
     session: Session,
     *,
     seed: int,
-    reference_fn,
-    derivative,
+    reference_fn: Callable[..., Any],
+    derivative: Callable[[Tensor, Tensor], Tensor],
     basic: list[float],
-    extremes: list[tuple[list, str]],
+    extremes: Sequence[tuple[Any, str]],
     checked_extremes: str,
-    candidates,
-    explain,
+    candidates: Callable[[Tensor], list[Candidate]],
+    explain: Callable[[Tensor, Tensor, Tensor], str],
     scale: float,
     magnitude: bool = False,
-    first=None,
+    first: Callable[[Tensor], str] | None = None,
 ) -> list[str]:
     """The checks of a function normalizing rows (softmax, log-softmax, sparsemax).
 
@@ -67,7 +71,7 @@ def rowwise_checks(
             candidates=lambda: candidates(x),
             explain=lambda got, want: explain(got, want, x),
             magnitude=float(size),
-            first=first and (lambda: first(x)),
+            first=None if first is None else partial(first, x),
         )
 
     if not check(torch.tensor(basic, dtype=F64)):

@@ -10,7 +10,8 @@ mistake that returns exactly this, or a diagnosis of the values.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,10 @@ from ._report import (
 )
 
 Candidate = tuple[str, Tensor, str]  # (key, what that mistake returns, hint)
+# The arguments of a call: (name, value) pairs; a value is a tensor, a Scalar or
+# anything else the checked function takes.
+Named = Sequence[tuple[str, Any]]
+ShapeHint = Callable[[tuple[int, ...], tuple[int, ...]], str]
 
 # What to change when a function returns something other than a tensor, by its type.
 _RETURN_HINTS = {
@@ -50,7 +55,7 @@ _RETURN_HINTS = {
 class Scalar:
     """A non-tensor argument passed through :meth:`Session.call` untouched."""
 
-    def __init__(self, value):
+    def __init__(self, value: object) -> None:
         self.value = value
 
 
@@ -59,14 +64,14 @@ class Session(Problems):
 
     def __init__(
         self,
-        fn,
+        fn: Callable[..., Any],
         noun: str,
         *,
         numpy: bool = False,
         gradient: bool = False,
-        device=None,
-        hints: tuple = (),
-    ):
+        device: torch.device | str | None = None,
+        hints: Sequence[tuple[str, str]] = (),
+    ) -> None:
         if not callable(fn):
             raise TypeError(
                 f"fn must be a callable (the function to check), "
@@ -100,7 +105,7 @@ class Session(Problems):
             checked.append(f"not checked with numpy=True: {skipped}")
         return CheckReport(checker, function_name(self.fn), problems, checked)
 
-    def dtypes(self) -> list:
+    def dtypes(self) -> list[torch.dtype]:
         """The low-precision dtypes to check: NumPy has no bfloat16."""
         return [F32, F16] if self.numpy else [F32, F16, BF16]
 
@@ -112,13 +117,13 @@ class Session(Problems):
     def call(
         self,
         label: str,
-        args,
-        kwargs=(),
+        args: Named,
+        kwargs: Named = (),
         *,
-        shapes,
+        shapes: Sequence[Sequence[int]],
         outputs: int = 1,
-        shape_hint: Callable[[tuple, tuple], str] | None = None,
-    ):
+        shape_hint: ShapeHint | None = None,
+    ) -> Any:
         """``fn(*args, **kwargs)``, checked; the output(s) as tensors, or None.
 
         ``args`` and ``kwargs`` are sequences of ``(name, tensor)``; ``shapes``
@@ -153,14 +158,14 @@ class Session(Problems):
     def run(
         self,
         label: str,
-        args,
-        kwargs=(),
+        args: Named,
+        kwargs: Named = (),
         *,
         want: Tensor,
-        dtype,
-        shape=None,
-        shape_hint: Callable[[tuple, tuple], str] | None = None,
-        **diagnosis,
+        dtype: torch.dtype,
+        shape: Sequence[int] | None = None,
+        shape_hint: ShapeHint | None = None,
+        **diagnosis: Any,
     ) -> bool:
         """Call ``fn`` on one input and compare its result with ``want``.
 
@@ -177,7 +182,7 @@ class Session(Problems):
             self.values(label, out, want, dtype, **diagnosis)
         return True
 
-    def _wrong_device(self, label: str, want, got) -> None:
+    def _wrong_device(self, label: str, want: torch.device, got: torch.device) -> None:
         self.problem(
             ("device",),
             label,
@@ -187,7 +192,7 @@ class Session(Problems):
             f"result (no .cpu(), .cuda() or .to(device)).",
         )
 
-    def _to_user(self, t):
+    def _to_user(self, t: object) -> Any:
         """What ``fn`` receives: a copy, so that an in-place change cannot leak into
         the next check (a leaf that requires grad goes as it is, for autograd)."""
         if isinstance(t, Scalar):
@@ -208,7 +213,9 @@ class Session(Problems):
         message = message.rstrip(".") + "." + (f" {hint}" if hint else "")
         self.problem(("raised", name, hint or text), label, message)
 
-    def _check_unchanged(self, label: str, given: dict, before: dict) -> None:
+    def _check_unchanged(
+        self, label: str, given: dict[str, Any], before: dict[str, Tensor]
+    ) -> None:
         for name, old in before.items():
             new = given[name]
             new = torch.from_numpy(np.asarray(new)) if self.numpy else new.detach()
@@ -223,7 +230,14 @@ class Session(Problems):
                 "masked_fill rather than masked_fill_ or x[mask] = value.",
             )
 
-    def _outputs(self, label: str, out, shapes, outputs: int, shape_hint):
+    def _outputs(
+        self,
+        label: str,
+        out: object,
+        shapes: Sequence[Sequence[int]],
+        outputs: int,
+        shape_hint: ShapeHint | None,
+    ) -> Any:
         if outputs == 1:
             results = [self._tensor(label, out)]
         elif not isinstance(out, (tuple, list)) or len(out) != outputs:
@@ -239,9 +253,10 @@ class Session(Problems):
             return None
         else:
             results = [self._tensor(label, o) for o in out]
-        if any(r is None for r in results):
+        tensors = [r for r in results if r is not None]
+        if len(tensors) < len(results):
             return None
-        for result, shape in zip(results, shapes):
+        for result, shape in zip(tensors, shapes):
             if tuple(result.shape) != tuple(shape):
                 self.problem(
                     ("shape", tuple(result.shape)),
@@ -253,12 +268,12 @@ class Session(Problems):
                     ),
                 )
                 return None
-        return results[0] if outputs == 1 else results
+        return tensors[0] if outputs == 1 else tensors
 
     def _kind(self) -> str:
         return "NumPy array" if self.numpy else "torch.Tensor"
 
-    def _tensor(self, label: str, out):
+    def _tensor(self, label: str, out: object) -> Tensor | None:
         if (
             self.numpy
             and isinstance(out, (np.ndarray, np.generic))
@@ -287,7 +302,7 @@ class Session(Problems):
 
     # -- comparing ---------------------------------------------------------------------
 
-    def dtype(self, label: str, got: Tensor, want, hint: str = "") -> bool:
+    def dtype(self, label: str, got: Tensor, want: torch.dtype, hint: str = "") -> bool:
         want_dtype = NUMPY_DTYPE[want] if self.numpy else want
         have = got.numpy().dtype if self.numpy else got.dtype
         if have == want_dtype:
@@ -306,9 +321,9 @@ class Session(Problems):
         label: str,
         got: Tensor,
         want: Tensor,
-        dtype,
+        dtype: torch.dtype,
         *,
-        key="values",
+        key: object = "values",
         candidates: Callable[[], list[Candidate]] | None = None,
         explain: Callable[[Tensor, Tensor], str] | None = None,
         what: str = "",
@@ -341,7 +356,16 @@ class Session(Problems):
         )
         return False
 
-    def on_device(self, label: str, args, kwargs=(), *, shapes, want, outputs: int = 1):
+    def on_device(
+        self,
+        label: str,
+        args: Named,
+        kwargs: Named = (),
+        *,
+        shapes: Sequence[Sequence[int]],
+        want: Any,
+        outputs: int = 1,
+    ) -> None:
         """Run on the accelerator, if there is one; check the device and the values.
 
         The values are compared at float16's tolerance: this check is about the
@@ -356,12 +380,14 @@ class Session(Problems):
         for o, w in zip(out if outputs > 1 else [out], want if outputs > 1 else [want]):
             self.values(label, o, w, F16)
 
-    def _to_device(self, named) -> list:
+    def _to_device(self, named: Named) -> list[tuple[str, Any]]:
         move = self.device
         return [(n, t.to(move) if isinstance(t, Tensor) else t) for n, t in named]
 
 
-def _known_mistake(got: Tensor, atol: float, rtol: float, candidates) -> str:
+def _known_mistake(
+    got: Tensor, atol: float, rtol: float, candidates: Sequence[Candidate]
+) -> str:
     """The hint of the first known mistake that returns ``got``, or ""."""
     for _, result, hint in candidates:
         if result.shape == got.shape and bool(

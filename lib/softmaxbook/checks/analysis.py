@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +71,7 @@ def _entropy_candidates(w: Tensor) -> list[Candidate]:
     ]
 
 
-def _entropy_explain(w: Tensor):
+def _entropy_explain(w: Tensor) -> Callable[[Tensor, Tensor], str]:
     def explain(got: Tensor, want: Tensor) -> str:
         if bool(got.isnan().any()):
             if not bool((w > 0).any()):
@@ -108,7 +109,7 @@ def _entropy_shape_hint(got: tuple, w: Tensor) -> str:
     return ""
 
 
-def _entropy_run(session, label, w) -> bool:
+def _entropy_run(session: Session, label: str, w: Tensor) -> bool:
     return session.run(
         label,
         [("weights", w)],
@@ -122,7 +123,11 @@ def _entropy_run(session, label, w) -> bool:
 
 
 def check_attention_entropy(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's mean attention entropy, ``fn(weights)``, one number per map.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,22 +20,32 @@ from ._session import Candidate, Session
 __all__ = ["check_attention"]
 
 
-def _attention_np(q, k, v, mask=None, scale=None, axis=-1, fill=-np.inf) -> Tensor:
-    q, k, v = numpy64(q), numpy64(k), numpy64(v)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = q @ np.swapaxes(k, -1, -2) * scale  # (..., L, S)
+def _attention_np(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    axis: int = -1,
+    fill: float = -np.inf,
+) -> Tensor:
+    q_, k_, v_ = numpy64(q), numpy64(k), numpy64(v)
+    scale = 1 / math.sqrt(q_.shape[-1]) if scale is None else scale
+    scores = q_ @ np.swapaxes(k_, -1, -2) * scale  # (..., L, S)
     if mask is not None:
         scores = np.where(np.broadcast_to(mask.numpy(), scores.shape), scores, fill)
-    return tensor64(reference.softmax(scores, axis=axis) @ v)
+    return tensor64(reference.softmax(scores, axis=axis) @ v_)
 
 
-def _attention_t(q, k, v, mask=None) -> Tensor:
+def _attention_t(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     keep = None if mask is None else mask.expand(scores.shape)
     return softmax64(scores, keep) @ v
 
 
-def _attention_candidates(q, k, v, mask) -> list[Candidate]:
+def _attention_candidates(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+) -> list[Candidate]:
     d, dv = q.shape[-1], v.shape[-1]
     found = [
         (
@@ -86,7 +97,7 @@ def _attention_candidates(q, k, v, mask) -> list[Candidate]:
     return found
 
 
-def _attention_explain(mask):
+def _attention_explain(mask: Tensor | None) -> Callable[[Tensor, Tensor], str]:
     def explain(got: Tensor, want: Tensor) -> str:
         if bool(got.isnan().any()):
             if mask is not None and bool((~mask.any(dim=-1)).any()):
@@ -103,7 +114,16 @@ def _attention_explain(mask):
     return explain
 
 
-def _attention_case(session, label, q, k, v, mask=None, *, keyword=True) -> bool:
+def _attention_case(
+    session: Session,
+    label: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    keyword: bool = True,
+) -> bool:
     """``fn(q, k, v, mask=mask)``, or ``fn(q, k, v)`` when not ``keyword``."""
     shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (
         q.shape[-2],
@@ -140,12 +160,12 @@ def _masks() -> list[tuple[str, Tensor]]:
 
 
 def check_attention(
-    fn: Callable,
+    fn: Callable[..., Any],
     *,
     masks: bool = True,
     numpy: bool = False,
     gradient: bool = True,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's attention, ``fn(q, k, v, mask=None)`` returning the output.
 
@@ -247,7 +267,12 @@ def check_attention(
     return session.report("check_attention", _checked(session, masks))
 
 
-def _check_gradients(session: Session, g: torch.Generator, batch, masks: bool) -> None:
+def _check_gradients(
+    session: Session,
+    g: torch.Generator,
+    batch: tuple[Tensor, Tensor, Tensor],
+    masks: bool,
+) -> None:
     """The gradients with respect to q, k and v, with a query that sees nothing."""
     grad_out = randn(g, 2, 3, 5, 4)
     mask = _masks()[-1][1] if masks else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,7 +73,7 @@ def _backward_explain(got: Tensor, want: Tensor) -> str:
     )
 
 
-def _backward_case(session, label, s, grad) -> bool:
+def _backward_case(session: Session, label: str, s: Tensor, grad: Tensor) -> bool:
     s64, grad64 = s.to(F64), grad.to(F64)
     return session.run(
         label,
@@ -85,7 +86,10 @@ def _backward_case(session, label, s, grad) -> bool:
 
 
 def check_softmax_backward(
-    fn: Callable, *, numpy: bool = False, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's softmax backward pass, ``fn(s, grad_output)``.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ def _masked_candidates(scores: Tensor, mask: Tensor) -> list[Candidate]:
     ]
 
 
-def _masked_explain(scores: Tensor, mask: Tensor):
+def _masked_explain(scores: Tensor, mask: Tensor) -> Callable[[Tensor, Tensor], str]:
     def explain(got: Tensor, want: Tensor) -> str:
         keep = mask.expand(want.shape)
         empty = ~keep.any(dim=-1, keepdim=True).expand(want.shape)
@@ -112,7 +113,11 @@ def _masked_case(session: Session, label: str, scores: Tensor, mask: Tensor) -> 
 
 
 def check_masked_softmax(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's masked softmax, ``fn(scores, mask)``, True = may attend.
 

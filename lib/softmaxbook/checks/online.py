@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ __all__ = ["check_merge_attention_states"]
 _NAMES = ["out_a", "lse_a", "out_b", "lse_b"]
 
 
-def _partial(q, k, v) -> tuple[Tensor, Tensor]:
+def _partial(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Attention of ``q`` over keys ``k`` (float64): the output and the logsumexp."""
     scores = numpy64(q) @ np.swapaxes(numpy64(k), -1, -2) / math.sqrt(q.shape[-1])
     return tensor64(reference.softmax(scores) @ numpy64(v)), tensor64(
@@ -28,7 +29,9 @@ def _partial(q, k, v) -> tuple[Tensor, Tensor]:
     )
 
 
-def _parts(q, k, v, at: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _parts(
+    q: Tensor, k: Tensor, v: Tensor, at: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out_a, lse_a, out_b, lse_b)``: the keys before ``at``, and the others."""
     before, after = slice(None, at), slice(at, None)
     return (
@@ -37,17 +40,17 @@ def _parts(q, k, v, at: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     )
 
 
-def _merge_np(oa, la, ob, lb) -> tuple[Tensor, Tensor]:
+def _merge_np(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor) -> tuple[Tensor, Tensor]:
     """The merge from its definition, stable for any lse: for the extreme cases."""
-    la, lb = numpy64(la), numpy64(lb)
-    lse = np.logaddexp(la, lb)
+    la_, lb_ = numpy64(la), numpy64(lb)
+    lse = np.logaddexp(la_, lb_)
     with np.errstate(invalid="ignore"):
-        wa = np.where(np.isneginf(la), 0.0, np.exp(la - lse))[..., None]
-        wb = np.where(np.isneginf(lb), 0.0, np.exp(lb - lse))[..., None]
+        wa = np.where(np.isneginf(la_), 0.0, np.exp(la_ - lse))[..., None]
+        wb = np.where(np.isneginf(lb_), 0.0, np.exp(lb_ - lse))[..., None]
     return tensor64(wa * numpy64(oa) + wb * numpy64(ob)), tensor64(lse)
 
 
-def _merge_t(oa, la, ob, lb) -> tuple[Tensor, Tensor]:
+def _merge_t(oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor) -> tuple[Tensor, Tensor]:
     lse = torch.logaddexp(la, lb)
     return (
         torch.exp(la - lse)[..., None] * oa + torch.exp(lb - lse)[..., None] * ob,
@@ -55,7 +58,9 @@ def _merge_t(oa, la, ob, lb) -> tuple[Tensor, Tensor]:
     )
 
 
-def _merge_candidates(oa, la, ob, lb) -> list[Candidate]:
+def _merge_candidates(
+    oa: Tensor, la: Tensor, ob: Tensor, lb: Tensor
+) -> list[Candidate]:
     return [
         (
             "unnormalized",
@@ -93,7 +98,15 @@ def _merge_explain(got: Tensor, want: Tensor) -> str:
     )
 
 
-def _merge_run(session, label, oa, la, ob, lb, want) -> bool:
+def _merge_run(
+    session: Session,
+    label: str,
+    oa: Tensor,
+    la: Tensor,
+    ob: Tensor,
+    lb: Tensor,
+    want: tuple[Tensor, Tensor],
+) -> bool:
     args = list(zip(_NAMES, (oa, la, ob, lb)))
     out = session.call(label, args, shapes=[oa.shape, la.shape], outputs=2)
     if out is None:
@@ -117,7 +130,11 @@ def _merge_run(session, label, oa, la, ob, lb, want) -> bool:
 
 
 def check_merge_attention_states(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's merge of two partial attention results over disjoint keys.
 
@@ -179,10 +196,14 @@ def check_merge_attention_states(
     )
     _check_extremes(session, g)
     for dtype in session.dtypes():
+        oa, la, ob, lb = (t.to(dtype) for t in first)
         _merge_run(
             session,
             f"the parts of the first split in {dtype_name(dtype)}",
-            *[t.to(dtype) for t in first],
+            oa,
+            la,
+            ob,
+            lb,
             want,
         )
     session.on_device(
@@ -213,12 +234,12 @@ def check_merge_attention_states(
 def _check_extremes(session: Session, g: torch.Generator) -> None:
     """Logsumexps of +-1000, an empty part and two empty parts."""
     o1, o2 = randn(g, 2, 5), randn(g, 2, 5)
-    for la, lb, words in [
+    for lse_a, lse_b, words in [
         ([1000.0, -1000.0], [999.0, -1001.0], "+-1000"),
         ([1.5, 0.3], [-INF, -INF], "part b empty"),
         ([-INF, -INF], [-INF, -INF], "both parts empty"),
     ]:
-        la, lb = torch.tensor(la, dtype=F64), torch.tensor(lb, dtype=F64)
+        la, lb = torch.tensor(lse_a, dtype=F64), torch.tensor(lse_b, dtype=F64)
         oa = torch.zeros_like(o1) if bool(torch.isinf(la).all()) else o1
         ob = torch.zeros_like(o2) if bool(torch.isinf(lb).all()) else o2
         _merge_run(
@@ -232,7 +253,13 @@ def _check_extremes(session: Session, g: torch.Generator) -> None:
         )
 
 
-def _check_gradients(session: Session, g, label: str, parts, want) -> None:
+def _check_gradients(
+    session: Session,
+    g: torch.Generator,
+    label: str,
+    parts: tuple[Tensor, ...],
+    want: tuple[Tensor, Tensor],
+) -> None:
     """The gradients with respect to all four inputs."""
     out_a, lse_a = parts[:2]
     grads = randn(g, *out_a.shape), randn(g, *lse_a.shape)

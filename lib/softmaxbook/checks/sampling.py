@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -92,7 +93,10 @@ def _top_p_explain(got: Tensor, want: Tensor) -> str:
 
 
 def check_top_p_filter(
-    fn: Callable, *, numpy: bool = False, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's top-p (nucleus) filter, ``fn(logits, p)``.
 

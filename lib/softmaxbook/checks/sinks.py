@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,7 +66,7 @@ def _candidates(scores: Tensor, sink: Tensor) -> list[Candidate]:
     ]
 
 
-def _explain(scores: Tensor):
+def _explain(scores: Tensor) -> Callable[[Tensor, Tensor], str]:
     def explain(got: Tensor, want: Tensor) -> str:
         if not bool(torch.isfinite(got).all()):
             return _SHIFT_HINT
@@ -96,7 +97,11 @@ def _case(session: Session, label: str, scores: Tensor, sink: Tensor) -> bool:
 
 
 def check_sink_softmax(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's softmax with a sink logit, ``fn(scores, sink)``.
 

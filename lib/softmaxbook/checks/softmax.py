@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,11 @@ def _softmax_candidates(x: Tensor) -> list[Candidate]:
 
 
 def check_softmax(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's softmax, :math:`s_i = e^{x_i} / \sum_j e^{x_j}`.
 
@@ -189,7 +194,11 @@ def _log_softmax_candidates(x: Tensor) -> list[Candidate]:
 
 
 def check_log_softmax(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's log-softmax, :math:`x_i - \log \sum_j e^{x_j}`.
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,7 +119,11 @@ def _sparsemax_grad(x: Tensor, g: Tensor) -> Tensor:
 
 
 def check_sparsemax(
-    fn: Callable, *, numpy: bool = False, gradient: bool = True, device=None
+    fn: Callable[..., Any],
+    *,
+    numpy: bool = False,
+    gradient: bool = True,
+    device: torch.device | str | None = None,
 ) -> CheckReport:
     r"""Check a student's sparsemax, :math:`\max(x - \tau, 0)`.
 
@@ -198,9 +204,9 @@ def _check_supports(session: Session) -> None:
             out,
             want,
             F64,
-            candidates=lambda x=x: _sparsemax_candidates(x),
-            explain=lambda got, w, x=x: _sparsemax_explain(got, w, x),
-            first=lambda x=x: _sorted_hint(session, x),
+            candidates=partial(_sparsemax_candidates, x),
+            explain=partial(_sparsemax_explain, x=x),
+            first=partial(_sorted_hint, session, x),
         ):
             continue
         leaked = (want == 0) & (out != 0)
