@@ -1,0 +1,14 @@
+"""Deprecated since 0.2: this module moved to ``softmaxbook.normalizers``.
+
+Each old name still works, with a ``DeprecationWarning`` naming its new home,
+until softmaxbook 0.3: use ``sb.<name>`` or ``softmaxbook.normalizers.<name>``.
+"""
+
+from ._api import moved_module
+
+__getattr__ = moved_module(
+    __name__,
+    {
+        "stick_breaking": "softmaxbook.normalizers",
+    },
+)
