@@ -53,6 +53,17 @@ def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
 
     Shapes: ``p`` is ``(..., N)``; the result is ``(...)``, or ``(..., 1)``
     with ``keepdim=True``.
+
+    Equivalent to ``-(p * p.log()).sum(dim)`` on rows without zeros:
+
+    >>> import math
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> p = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]])
+    >>> sb.entropy(p)  # log 4 for the uniform row; the zeros add nothing: log 2
+    tensor([1.3863, 0.6931])
+    >>> math.isclose(sb.entropy(p)[1].item(), math.log(2), rel_tol=1e-6)
+    True
     """
     check_float(p, "p")
     dim = check_dim(p, dim)
@@ -66,7 +77,7 @@ def entropy(p: Tensor, dim: int = -1, *, keepdim: bool = False) -> Tensor:
     return -plogp.sum(dim=dim, keepdim=keepdim)
 
 
-def _check_weights(weights, name: str = "weights") -> Tensor:
+def _check_weights(weights: Tensor, name: str = "weights") -> Tensor:
     check_float(weights, name)
     if weights.dim() < 2:
         raise ValueError(
@@ -112,7 +123,18 @@ def attention_entropy(weights: Tensor) -> Tensor:
     Shapes: ``weights`` is ``(..., L, S)``; the result is ``(...)``, one
     number per map (e.g. ``(B, layers, H)`` for the maps of a model).
 
-    Equivalent to ``entropy(weights).mean(-1)`` when every row sums to one.
+    Equivalent to ``entropy(weights).mean(-1)`` when every row sums to one:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> weights = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)  # (B, H, L, S)
+    >>> H = sb.attention_entropy(weights)  # (B, H)
+    >>> torch.allclose(H, sb.entropy(weights).mean(-1))
+    True
+    >>> rows = sb.masked_softmax(torch.zeros(3, 4), sb.causal_mask(3, 4))
+    >>> rows[2] = 0.0  # a query with nothing to attend: left out, not counted as 0
+    >>> sb.attention_entropy(rows), sb.entropy(rows[:2]).mean()
+    (tensor(0.3466), tensor(0.3466))
 
     Parameters
     ----------
@@ -153,6 +175,13 @@ def attention_distance(weights: Tensor, *, offset: int = 0) -> Tensor:
     works for any ``L`` and ``S``.
 
     Shapes: ``weights`` is ``(..., L, S)``; the result is ``(...)``.
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> previous_token = torch.eye(5).roll(-1, dims=-1).tril()  # key i - 1
+    >>> previous_token[0, 0] = 1.0  # query 0 has only itself
+    >>> sb.attention_distance(previous_token)  # 4 rows at distance 1, one at 0
+    tensor(0.8000)
 
     Parameters
     ----------
@@ -201,6 +230,14 @@ def attention_sparsity(
 
     Shapes: ``weights`` is ``(..., L, S)``, ``mask`` broadcasts to it; the
     result is ``(...)``.
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> scores = torch.tensor([[2.0, 1.0, -1.0], [0.5, 0.4, 0.0], [1.0, 0.0, 3.0]])
+    >>> mask = sb.causal_mask(3)
+    >>> weights = sb.sparsemax(scores.masked_fill(~mask, float("-inf")))
+    >>> sb.attention_sparsity(weights, mask)  # 6 allowed entries, 2 set to zero
+    tensor(0.3333)
 
     Parameters
     ----------
@@ -265,6 +302,17 @@ def ignore_gap(
     :math:`\epsilon` costs another :math:`\log 2` of score, forever. For
     :func:`~softmaxbook.softpick` and :func:`~softmaxbook.relu_attention` it
     is 0: a score :math:`\le 0` is already ignored.
+
+    >>> import math
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> gap = sb.ignore_gap(torch.softmax, n=100, eps=1e-3)
+    >>> round(gap, 6), round(math.log(100 * (1 - 1e-3) / 1e-3), 6)
+    (11.511925, 11.511925)
+    >>> sb.ignore_gap(torch.softmax, 100, sink_key=False)  # no sink: never
+    inf
+    >>> sb.ignore_gap(sb.softpick, 100)  # a score <= 0 is already ignored
+    0.0
 
     Parameters
     ----------
