@@ -72,6 +72,14 @@ PUBLIC = {
 # Names importable from a module path that chapters or courses may use.
 MODULE_PATHS = {
     "softmaxbook.attention": ["NORMALIZERS", "scaled_dot_product_attention"],
+    "softmaxbook.normalizers": ["NORMALIZERS", "NormalizerInfo", "all_normalizers",
+                                "softmax", "log_softmax", "logsumexp", "sparsemax",
+                                "entmax15", "entmax_bisect", "softmax_one",
+                                "relu_normalize", "sigmoid_normalize", "sink_softmax",
+                                "softpick", "clipped_softmax", "relu_attention",
+                                "scalable_softmax", "adaptive_temperature_softmax",
+                                "yarn_logit_scale", "stick_breaking"],
+    "softmaxbook.analysis": ["ignore_gap"],
     "softmaxbook.device": ["get_device", "explain_dispatch", "DispatchDecision",
                            "triton_available"],
     "softmaxbook.kernels": ["fused_softmax", "triton_softmax", "triton_flash_attention",

@@ -1,4 +1,5 @@
-"""softmaxbook.length: Scalable-Softmax, YaRN's logit scale, adaptive temperature.
+"""softmaxbook.normalizers.length: Scalable-Softmax, YaRN's logit scale, adaptive
+temperature.
 
 Each against its formula, the property it is for (a key ahead by a fixed margin
 keeps its weight as the row grows; the temperature is never raised), the

@@ -21,6 +21,8 @@ test_sinks, test_length, test_stickbreaking.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
 import math
 
@@ -356,3 +358,31 @@ def test_usable_by_name_in_attention_with_fully_masked_rows(name):
         torch.testing.assert_close(w[:, 0, :3], expected)
     out.sum().backward()
     assert torch.isfinite(q.grad).all() and (q.grad[:, 1] == 0).all()
+
+
+# ---------------------------------------------------------------------- old paths
+
+
+@pytest.mark.parametrize(
+    "old,name,new",
+    [
+        ("alternatives", "sparsemax", "softmaxbook.normalizers"),
+        ("alternatives", "sigmoid_normalize", "softmaxbook.normalizers"),
+        ("sinks", "sink_softmax", "softmaxbook.normalizers"),
+        ("sinks", "ignore_gap", "softmaxbook.analysis"),
+        ("length", "scalable_softmax", "softmaxbook.normalizers"),
+        ("length", "yarn_logit_scale", "softmaxbook.normalizers"),
+        ("stickbreaking", "stick_breaking", "softmaxbook.normalizers"),
+    ],
+)
+def test_the_old_modules_forward_with_a_warning(old, name, new):
+    module = importlib.import_module(f"softmaxbook.{old}")
+    with pytest.warns(DeprecationWarning, match=rf"use {new}\.{name} instead"):
+        assert getattr(module, name) is getattr(sb, name)
+    with pytest.raises(AttributeError, match="no attribute 'softmax'"):
+        module.softmax  # noqa: B018
+
+
+def test_softmax_is_a_function_not_a_module():
+    assert inspect.isfunction(sb.softmax)
+    assert importlib.util.find_spec("softmaxbook.softmax") is None

@@ -1,4 +1,5 @@
-"""softmaxbook.stickbreaking: the stick-breaking weights of Tan et al. (2025).
+"""softmaxbook.normalizers.stickbreaking: the stick-breaking weights of Tan et al.
+(2025).
 
 Against the product formula and the authors' log-space reference, the recency
 it builds in, the sum it leaves below one, and how masked keys leave the stick

@@ -38,34 +38,26 @@ __all__ = ["NORMALIZERS", "NormalizerInfo", "all_normalizers"]
 class NormalizerInfo:
     """A normalizer and its properties, as the registry holds it.
 
-    Attributes
-    ----------
-    name : str
-        The function's name, e.g. ``"sparsemax"``.
-    function : callable
-        ``function(scores, dim=-1, **options) -> weights``.
-    sparse : bool
-        Finite scores can get exactly zero weight.
-    sums_to_one : bool
-        The weights of a row sum to 1 (on a row with something to attend to;
-        :func:`relu_normalize` also needs a positive score).
-    temperature : bool
-        Takes a ``temperature=`` keyword.
-    differentiable : bool
-        Has a gradient (almost everywhere) that autograd and ``torch.func``
-        can take.
-    empty_rows : str
-        What a row of only ``-inf`` (nothing to attend) gives: ``"zeros"``,
-        or ``"nan"`` as ``torch.softmax`` does.
-    upcast : bool
-        ``float16``/``bfloat16`` scores are computed in ``float32``, forward
-        and backward, and rounded back once; False where torch's own half
-        kernel runs (its forward computes in float32, its backward in the
-        input's dtype).
-    parameters : tuple of str
-        The options it takes besides the scores and ``dim``, all with defaults.
-    aliases : tuple of str
-        Other names it is registered under.
+    - ``name``: the function's name, e.g. ``"sparsemax"``;
+    - ``function``: ``function(scores, dim=-1, **options) -> weights``;
+    - ``sparse``: finite scores can get exactly zero weight;
+    - ``sums_to_one``: the weights of a row sum to 1 (on a row with something
+      to attend to; :func:`~softmaxbook.relu_normalize` also needs a positive
+      score);
+    - ``temperature``: takes a ``temperature=`` keyword;
+    - ``differentiable``: has a gradient (almost everywhere) that autograd
+      and ``torch.func`` can take;
+    - ``empty_rows``: what a row of only ``-inf`` (nothing to attend) gives,
+      ``"zeros"``, or ``"nan"`` as ``torch.softmax`` does;
+    - ``upcast``: ``float16``/``bfloat16`` scores are computed in
+      ``float32``, forward and backward, and rounded back once; False where
+      torch's own half kernel runs (its forward computes in float32, its
+      backward in the input's dtype);
+    - ``parameters``: the options it takes besides the scores and ``dim``,
+      all with defaults;
+    - ``aliases``: other names it is registered under.
+
+    Calling the entry calls the function.
     """
 
     name: str
