@@ -135,6 +135,21 @@ def test_kernels_import_only_the_shared_checks():
             assert not outside, f"{module} imports {sorted(outside)}"
 
 
+def test_normalizers_import_only_the_policy_layer():
+    # The normalizers sit below masking and attention (lib/README.md): they import
+    # the argument checks, the API's change policy and each other, nothing above.
+    allowed = {f"{ROOT}._validate", f"{ROOT}._api", f"{ROOT}.normalizers"}
+    modules = [m for m in MODULES if m.startswith(f"{ROOT}.normalizers")]
+    assert f"{ROOT}.normalizers._policy" in modules
+    for module in modules:
+        outside = {
+            target
+            for target in GRAPH[module]
+            if not target.startswith(f"{ROOT}.normalizers") and target not in allowed
+        }
+        assert not outside, f"{module} imports {sorted(outside)}"
+
+
 def test_no_module_imports_the_public_api():
     # ``from . import reference`` names a sibling module, not the public API.
     for module in MODULES:
