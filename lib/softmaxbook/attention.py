@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import normalizers
 from ._validate import (
     check_attention_args,
     check_causal,
@@ -38,12 +39,18 @@ from ._validate import (
 from .decode import aligned_causal_mask, repeat_kv_heads
 from .kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
 from .masking import masked_softmax
-from .normalizers import NORMALIZERS, sink_softmax
+from .normalizers import sink_softmax
 
 __all__ = ["scaled_dot_product_attention", "NORMALIZERS"]
 
 #: A normalizer maps scores to weights along a dimension: ``f(scores, dim=-1)``.
 Normalizer = Callable[..., Tensor]
+
+#: Every name ``normalizer=`` accepts -> its normalizer: the registry
+#: :data:`softmaxbook.normalizers.NORMALIZERS` itself, under this module's name.
+#:
+#: :meta hide-value:
+NORMALIZERS = normalizers.NORMALIZERS
 
 
 def resolve_normalizer(normalizer: str | Normalizer) -> tuple[str, Normalizer]:

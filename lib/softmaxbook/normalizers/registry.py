@@ -77,6 +77,8 @@ class NormalizerInfo:
 
 
 #: Every normalizer by name (and alias) -> its :class:`NormalizerInfo`.
+#:
+#: :meta hide-value:
 NORMALIZERS: dict[str, NormalizerInfo] = {}
 
 
