@@ -35,6 +35,7 @@ PUBLIC = {
     # online softmax and FlashAttention
     "online_softmax", "flash_attention", "flash_attention_steps", "FlashStep",
     "merge_attention_states", "flash_attention_backward", "CAUSAL_ALIGNMENTS",
+    "FlashAttention",
     # decoding and many devices
     "repeat_kv_heads", "aligned_causal_mask", "split_k_attention", "ring_attention",
     "run_ring_attention", "RingRun",

@@ -16,6 +16,7 @@ import softmaxbook as sb
 from random_inputs import qkv as _qkv
 from random_inputs import sdpa64 as _sdpa64
 from softmaxbook import _tiles
+from softmaxbook._attention_args import resolve_attention
 
 # torch's SDPA takes enable_gqa from torch 2.5; the oldest torch this library supports
 # is 2.2 (make test-oldest), where only the comparisons with torch are skipped: the
@@ -293,8 +294,10 @@ def test_flash_attention_bad_input():
         sb.flash_attention(
             q, k, v, mask=torch.ones(3, 4, dtype=torch.bool), is_causal=True
         )
-    with pytest.raises(TypeError, match="boolean"):
-        sb.flash_attention(q, k, v, mask=torch.ones(3, 4))
+    with pytest.raises(TypeError, match="boolean"):  # an integer mask: neither kind
+        sb.flash_attention(q, k, v, mask=torch.ones(3, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="boolean"):  # a float mask of another dtype
+        sb.flash_attention(q, k, v, mask=torch.ones(3, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="does not broadcast"):
         sb.flash_attention(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):
@@ -493,7 +496,9 @@ def test_flash_attention_backward_of_one_key_block_is_its_share():
 def test_flash_attention_backward_bad_input():
     q, k, v = _qkv(4, 5)
     out, lse = sb.flash_attention(q, k, v, return_lse=True)
-    with pytest.raises(ValueError, match=r"grad_out must have shape \(2, 3, 4, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"grad_output must have shape \(2, 3, 4, 16\)"
+    ):
         sb.flash_attention_backward(q, k, v, out, lse, out[..., :3, :])
     with pytest.raises(ValueError, match=r"lse must have shape \(2, 3, 4\)"):
         sb.flash_attention_backward(q, k, v, out, lse[..., 0], out)
@@ -579,12 +584,18 @@ def test_gqa_bad_input():
         sb.flash_attention(q, k[:, :3], v[:, :3], mask=mask, enable_gqa=True)
 
 
+def _prepared(q, k, v, block_size=64, **options):
+    """The flat layout of the tile loops for a call with these options."""
+    args = resolve_attention(q, k, v, **options)
+    return sb.flash._prepare(q, k, v, args, block_size)
+
+
 def test_shared_key_heads_are_folded_into_rows():
     # Heads that share a key head are stacked as rows of one problem: the keys are
     # not copied once per query head.
     q = torch.randn(2, 8, 5, 4)
     k = v = torch.randn(2, 2, 7, 4)
-    call = sb.flash._prepare(q, k, v, None, True, None, 64, True, None)
+    call = _prepared(q, k, v, is_causal=True, enable_gqa=True)
     assert call.layout.fold and call.problem.q.shape == (4, 20, 4)
     assert call.problem.k.shape == (4, 7, 4)
     assert call.problem.k.data_ptr() == k.data_ptr()  # a view of the cache
@@ -651,7 +662,7 @@ def test_sinks_lower_the_weight_on_the_keys_and_enter_the_lse():
 
 def test_sinks_bad_input():
     q, k, v = _qkv(4, 6)
-    with pytest.raises(ValueError, match=r"sinks of shape \(4,\) does not broadcast"):
+    with pytest.raises(ValueError, match=r"sinks of shape \(4,\) must broadcast"):
         sb.flash_attention(q, k, v, sinks=torch.zeros(4))
     with pytest.raises(TypeError, match="sinks must be a floating-point tensor"):
         sb.flash_attention(q, k, v, sinks=torch.zeros(3, dtype=torch.long))
@@ -722,7 +733,7 @@ def test_gqa_with_a_mask_does_not_repeat_the_keys_and_values():
     q = torch.randn(B, hq, L, D, generator=g)
     k, v = (torch.randn(B, hkv, S, D, generator=g) for _ in range(2))
     mask = torch.rand(B, hq, L, S, generator=g) > 0.2
-    call = sb.flash._prepare(q, k, v, mask, False, None, 64, True, None)
+    call = _prepared(q, k, v, mask=mask, enable_gqa=True)
     assert call.problem.k.shape == (B * hkv, S, D)
     assert call.problem.k.data_ptr() == k.data_ptr()  # a view of the cache
     assert call.problem.v.data_ptr() == v.data_ptr()
@@ -746,4 +757,279 @@ def test_gqa_with_a_mask_does_not_repeat_the_keys_and_values():
         sb.flash_attention(
             q, sb.repeat_kv_heads(k, 4), sb.repeat_kv_heads(v, 4), mask=mask
         ),
+    )
+
+
+# ---------------------------------------------------------------- the autograd Function
+
+
+def _leaves(*shapes, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_output_grad_fn_is_the_flash_attention_node(explicit):
+    q, k, v = _leaves((2, 3, 9, 4), (2, 3, 11, 4), (2, 3, 11, 4), dtype=torch.float32)
+    out, lse = sb.FlashAttention.apply(
+        q, k, v, True, explicit=explicit, return_lse=True
+    )
+    assert type(out.grad_fn).__name__ == "FlashAttentionBackward"
+    assert isinstance(out.grad_fn, sb.FlashAttention._backward_cls)
+    assert lse.grad_fn is out.grad_fn  # one node, two outputs
+    assert not out._is_view()  # no view or wrapper op between the node and out
+    out = sb.flash_attention(q, k, v, is_causal=True, explicit=explicit)
+    assert type(out.grad_fn).__name__ == "FlashAttentionBackward"
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_node_saves_exactly_q_k_v_out_and_the_logsumexp(explicit):
+    q, k, v = _leaves((2, 3, 9, 4), (2, 3, 11, 4), (2, 3, 11, 5), dtype=torch.float32)
+    out, lse = sb.FlashAttention.apply(q, k, v, explicit=explicit, return_lse=True)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5
+    assert saved[0] is q and saved[1] is k and saved[2] is v  # the inputs themselves
+    for got, want in zip(saved[3:], (out, lse), strict=True):  # the outputs' storage
+        assert got.shape == want.shape and got.data_ptr() == want.data_ptr()
+    assert lse.shape == (2, 3, 9) and lse.dtype == torch.float32
+    scores = (q @ k.transpose(-2, -1)) / 2.0
+    torch.testing.assert_close(lse, scores.logsumexp(-1))
+    # A mask is saved as a sixth tensor, the sinks last; nothing of size L x S else.
+    mask = torch.rand(9, 11, generator=torch.Generator().manual_seed(1)) > 0.3
+    sinks = torch.zeros(3, requires_grad=True)
+    out = sb.FlashAttention.apply(q, k, v, mask=mask, sinks=sinks, explicit=explicit)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 7 and saved[5] is mask and saved[6] is sinks
+
+
+def test_a_course_style_flashattention2_check():
+    # The check of a course that implements FlashAttention-2 as an autograd Function
+    # (q, k, v of shape (batch, n, d)): the node keeps exactly one tensor with one
+    # value per query row, the logsumexp, and the gradients match autograd.
+    B, Nq, Nk, D = 4, 128, 128, 64
+    q, k, v = _leaves((B, Nq, D), (B, Nk, D), (B, Nk, D), dtype=torch.float32)
+    do = torch.randn(B, Nq, D, generator=torch.Generator().manual_seed(2))
+    for is_causal in (False, True):
+        o = sb.FlashAttention.apply(q, k, v, is_causal)
+        maybe_ls = [t for t in o.grad_fn.saved_tensors if t.shape == (B, Nq)]
+        assert len(maybe_ls) == 1
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+        if is_causal:
+            scores = scores.masked_fill(~sb.causal_mask(Nq, Nk), float("-inf"))
+        torch.testing.assert_close(o, torch.softmax(scores, -1) @ v)
+        torch.testing.assert_close(maybe_ls[0], scores.logsumexp(-1))
+        got = torch.autograd.grad(o, (q, k, v), do)
+        want = torch.autograd.grad(torch.softmax(scores, -1) @ v, (q, k, v), do)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"is_causal": True},
+        {"is_causal": "bottom_right"},
+        {"mask": "bool"},
+        {"mask": "float"},
+        {"enable_gqa": True},
+        {"sinks": True},
+    ],
+)
+@pytest.mark.parametrize("explicit", [False, True])
+def test_gradcheck_of_the_function_float64(options, explicit):
+    q, k, v = _leaves((1, 4, 5, 3), (1, 2, 7, 3), (1, 2, 7, 3))
+    if not options.get("enable_gqa"):
+        k, v = (t.detach().repeat_interleave(2, 1).requires_grad_() for t in (k, v))
+    inputs = [q, k, v]
+    kw = dict(options)
+    g = torch.Generator().manual_seed(3)
+    if kw.get("mask") == "bool":
+        kw["mask"] = torch.rand(5, 7, generator=g) > 0.4
+        kw["mask"][:, 0] = True
+    elif kw.get("mask") == "float":
+        kw["mask"] = torch.randn(5, 7, generator=g, dtype=torch.float64)
+        kw["mask"][1, 2:] = float("-inf")
+    if kw.pop("sinks", False):
+        inputs.append(torch.randn(4, generator=g, dtype=torch.float64))
+        inputs[-1].requires_grad_()
+
+    def f(q, k, v, *sinks):
+        return sb.FlashAttention.apply(
+            q, k, v, explicit=explicit, sinks=sinks[0] if sinks else None, **kw
+        )
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}, {"gqa": True}],
+)
+@pytest.mark.parametrize("shape", [(2, 3, 37), (37,), (3, 37)])
+def test_the_fused_path_equals_the_tile_loops(options, shape):
+    # torch's CPU kernel (the fused path) and the library's tile loops give the same
+    # output, logsumexp and gradients within float32 rounding.
+    q, k, v = _leaves(
+        (*shape[:-1], 37, 8), (*shape[:-1], 45, 8), (*shape[:-1], 45, 8),
+        dtype=torch.float32,
+    )  # fmt: skip
+    kw = {k_: v_ for k_, v_ in options.items() if k_ != "gqa"}
+    g = torch.Generator().manual_seed(4)
+    if kw.get("mask") == "bool":
+        kw["mask"] = torch.rand(37, 45, generator=g) > 0.5
+        kw["mask"][:, -1] = True
+    elif kw.get("mask") == "float":
+        kw["mask"] = torch.randn(37, 45, generator=g)
+    if options.get("gqa"):
+        if len(shape) < 3:
+            pytest.skip("grouped heads need a heads dimension")
+        q = torch.randn(2, 6, 37, 8, generator=g).requires_grad_()
+        kw["enable_gqa"] = True
+    assert sb.explain_dispatch("flash_attention", q, k, v, **kw).path == "fused"
+    do = torch.randn(q.shape[:-1] + (8,), generator=g)
+    results = []
+    for explicit in (False, True):
+        out, lse = sb.flash_attention(q, k, v, explicit=explicit, return_lse=True, **kw)
+        results.append((out, lse, *torch.autograd.grad(out, (q, k, v), do)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_float_masks_and_torchs_keyword_names_give_torchs_result():
+    q, k, v = _qkv(6, 9)
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(2, 1, 6, 9, generator=g)
+    bias[0, 0, :, 4:] = float("-inf")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    for kw in ({}, {"explicit": True}, {"block_size": (4, 4)}):
+        got = sb.flash_attention(q, k, v, attn_mask=bias, **kw)
+        torch.testing.assert_close(got, want)
+    keep = torch.rand(6, 9, generator=g) > 0.3
+    keep[:, 0] = True
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(sb.flash_attention(q, k, v, attn_mask=keep), want)
+    # A fully -inf row of a float mask gives zeros, forward and backward.
+    bias[1, 0, 2] = float("-inf")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = sb.flash_attention(*leaves, mask=bias, return_lse=True)
+    assert (out[1, :, 2] == 0).all() and torch.isneginf(lse[1, :, 2]).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+    assert (leaves[0].grad[1, :, 2] == 0).all()
+
+
+@pytest.mark.parametrize("options", [{}, {"is_causal": True}, {"mask": True}])
+def test_dropout_is_torchs(options):
+    q, k, v = _qkv(6, 9)
+    kw = dict(options)
+    if kw.get("mask"):
+        kw = {"attn_mask": torch.rand(6, 9, generator=torch.Generator()) > 0.3}
+        kw["attn_mask"][:, 0] = True
+    assert sb.explain_dispatch(
+        "flash_attention", q, k, v, dropout_p=0.3, **kw
+    ).path == ("dropout")
+    torch.manual_seed(7)
+    want = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, **kw)
+    torch.manual_seed(7)
+    got = sb.flash_attention(q, k, v, dropout_p=0.3, **kw)
+    torch.testing.assert_close(got, want)
+    assert (got != sb.flash_attention(q, k, v, **kw)).any()  # something was dropped
+
+
+def test_explain_dispatch_says_which_path_a_call_takes():
+    q, k, v = _qkv(6, 9)
+
+    def path(*tensors, **kw):
+        return sb.explain_dispatch("flash_attention", *tensors, **kw).path
+
+    assert path(q, k, v) == "fused"
+    assert path(q, k, v, is_causal=True) == "fused"
+    assert path(q, k, v, block_size=4) == "torch"
+    assert path(q, k, v, explicit=True) == "torch"
+    assert path(q.bfloat16(), k.bfloat16(), v.bfloat16()) == "torch"
+    assert path(q, k, v, sinks=torch.zeros(3)) == "torch"
+    assert path(q, k, v, is_causal="bottom_right") == "torch"
+    assert path(q, k[:1], v[:1]) == "torch"  # a broadcast batch
+    assert path(q, k, v[..., :5]) == "torch"  # Dv != D
+    empty = torch.ones(6, 9, dtype=torch.bool)
+    empty[2] = False
+    assert path(q, k, v, mask=empty) == "torch"
+    k_nan = k.clone()
+    k_nan[0, 0, 3, 0] = float("nan")
+    assert path(q, k_nan, v, mask=empty | True) == "torch"
+    decision = sb.explain_dispatch("flash_attention", q, k, v, explicit=True)
+    assert "forces the library's tile loops" in decision.reason
+    with pytest.raises(ValueError, match="not both"):
+        path(q, k, v, mask=empty, is_causal=True)
+    # the call follows the explanation: the tile loops run only when it says torch
+    for kw, tiles in (({}, False), ({"block_size": 4}, True), ({"mask": empty}, True)):
+        calls = []
+        real = _tiles.forward
+
+        def spy(p, calls=calls, real=real):
+            calls.append(1)
+            return real(p)
+
+        _tiles.forward = spy
+        try:
+            sb.flash_attention(q, k, v, **kw)
+        finally:
+            _tiles.forward = real
+        assert bool(calls) == tiles
+
+
+def test_a_masked_nan_key_never_reaches_the_output():
+    # torch's kernel adds the mask, so a nan at a masked key would leak: such a call
+    # takes the tile loops, which remove the key.
+    q, k, v = _qkv(6, 9)
+    k = k.clone()
+    k[0, 0, 3, 0] = float("nan")
+    keep = torch.ones(6, 9, dtype=torch.bool)
+    keep[:, 3] = False
+    out = sb.flash_attention(q, k, v, mask=keep)
+    assert torch.isfinite(out).all()
+
+
+def test_vmap_and_jacrev_over_the_function():
+    q, k, v = (t.detach() for t in _leaves((3, 5, 4), (3, 7, 4), (3, 7, 4)))
+
+    def f(q, k, v):
+        return sb.FlashAttention.apply(q, k, v, True)
+
+    torch.testing.assert_close(torch.func.vmap(f)(q, k, v), f(q, k, v))
+    jac = torch.func.jacrev(f)(q[0], k[0], v[0])
+    ref = torch.func.jacrev(
+        lambda q: F.scaled_dot_product_attention(q, k[0], v[0], is_causal=True)
+    )(q[0])
+    torch.testing.assert_close(jac, ref)
+    # per-sample gradients: vmap of grad
+    grads = torch.func.vmap(torch.func.grad(lambda q, k, v: f(q, k, v).sum()))(q, k, v)
+    for i in range(3):
+        leaf = q[i].clone().requires_grad_()
+        (want,) = torch.autograd.grad(f(leaf, k[i], v[i]).sum(), leaf)
+        torch.testing.assert_close(grads[i], want)
+
+
+def test_grad_out_is_a_deprecated_spelling_of_grad_output():
+    q, k, v = _qkv(4, 5)
+    out, lse = sb.flash_attention(q, k, v, return_lse=True)
+    new = sb.flash_attention_backward(q, k, v, out, lse, grad_output=out)
+    with pytest.warns(DeprecationWarning, match="grad_output"):
+        old = sb.flash_attention_backward(q, k, v, out, lse, grad_out=out)
+    for a, b in zip(new, old, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_without_torchs_cpu_operator_every_call_takes_the_tile_loops(monkeypatch):
+    # An older or newer torch without aten::_scaled_dot_product_flash_attention_for_cpu
+    # loses only the fused path.
+    monkeypatch.setattr(sb.flash, "_FUSED_FORWARD", None)
+    q, k, v = _qkv(6, 9)
+    decision = sb.explain_dispatch("flash_attention", q, k, v)
+    assert (
+        decision.path == "torch" and "no CPU FlashAttention operator" in decision.reason
+    )
+    torch.testing.assert_close(
+        sb.flash_attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
     )

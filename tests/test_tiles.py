@@ -43,7 +43,7 @@ def test_one_tile_is_the_plain_softmax_of_the_tile(options, monkeypatch):
         options = {"mask": mask}
     calls = _spy(monkeypatch, "_forward_tile")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out, lse = sb.flash_attention(*leaves, return_lse=True, **options)
+    out, lse = sb.flash_attention(*leaves, return_lse=True, explicit=True, **options)
     assert calls  # the one-tile path ran
     expected = sb.scaled_dot_product_attention(q, k, v, explicit=True, **options)
     torch.testing.assert_close(out, expected)
@@ -58,7 +58,7 @@ def test_one_tile_is_the_plain_softmax_of_the_tile(options, monkeypatch):
 def test_one_tile_float32_error_at_most_twice_torch():
     q, k, v = qkv(64, 64)
     exact = sdpa64(q, k, v)
-    ours = (sb.flash_attention(q, k, v).double() - exact).abs().max()
+    ours = (sb.flash_attention(q, k, v, explicit=True).double() - exact).abs().max()
     theirs = (
         (torch.nn.functional.scaled_dot_product_attention(q, k, v).double() - exact)
         .abs()
@@ -117,7 +117,7 @@ def test_backward_batches_heads_per_tile():
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     w = torch.randn(3, 4, 16, 16, dtype=torch.float64)
-    (sb.flash_attention(*leaves, is_causal=True) * w).sum().backward()
+    (sb.flash_attention(*leaves, is_causal=True, explicit=True) * w).sum().backward()
     out = sb.scaled_dot_product_attention(*ref, is_causal=True, explicit=True)
     (out * w).sum().backward()
     for a, b in zip(leaves, ref):

@@ -2,7 +2,8 @@ r"""The tile loops of FlashAttention on the torch path: forward and backward.
 
 :mod:`softmaxbook.flash` reduces every call to one layout: ``q`` ``(BH, R, D)``,
 ``k`` ``(BH, S, D)``, ``v`` ``(BH, S, Dv)``, an optional boolean mask
-``(BH, R, S)`` (a view) and an optional causal rule "row ``r`` may attend to
+``(BH, R, S)`` (a view) or float additive mask (a bias added to the scores,
+``-inf`` removes a key) and an optional causal rule "row ``r`` may attend to
 keys ``j <= r % period + offset``". The loops here compute on that layout,
 in place, in float32 (float64 for float64 input), with a few single-threaded
 workers that share the work by heads and query blocks.
@@ -16,8 +17,9 @@ this module is in natural units.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -50,7 +52,9 @@ class Causal(NamedTuple):
             lo, hi = r0 % self.period, (r1 - 1) % self.period
         return lo + self.offset, hi + self.offset
 
-    def keep(self, r0: int, r1: int, k0: int, k1: int, device) -> Tensor:
+    def keep(
+        self, r0: int, r1: int, k0: int, k1: int, device: torch.device | str
+    ) -> Tensor:
         """The boolean ``(r1 - r0, k1 - k0)`` tile of the causal rule."""
         rows = torch.arange(r0, r1, device=device) % self.period + self.offset
         cols = torch.arange(k0, k1, device=device)
@@ -68,12 +72,21 @@ class Problem(NamedTuple):
     scale: float
     block_q: int
     block_k: int
+    bias: Tensor | None = None  # (BH, R, S) float, added to the scores
+
+    def add_bias(self, s: Tensor, h0: int, h1: int, r0: int, r1: int, k0: int) -> None:
+        """Add the float mask of the tile, in base-2 units, to the tile ``s``."""
+        if self.bias is not None:
+            k1 = k0 + s.shape[-1]
+            s.add_(self.bias[h0:h1, r0:r1, k0:k1], alpha=LOG2E)
 
     @property
     def acc_dtype(self) -> torch.dtype:
         return torch.promote_types(self.q.dtype, torch.float32)
 
-    def tile_keep(self, h0, h1, r0, r1, k0, k1) -> Tensor | None:
+    def tile_keep(
+        self, h0: int, h1: int, r0: int, r1: int, k0: int, k1: int
+    ) -> Tensor | None:
         """The mask of one tile, ``(bq, bk)`` or ``(heads, bq, bk)``; None if all
         may attend."""
         if self.causal is not None:
@@ -94,7 +107,7 @@ class Problem(NamedTuple):
 
     def may_be_empty(self) -> bool:
         """Whether a row can meet a tile in which all its keys are masked."""
-        if self.keep is not None:
+        if self.keep is not None or self.bias is not None:
             return True
         if self.causal is None:
             return False
@@ -131,7 +144,13 @@ def forward(p: Problem) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
-def _forward_units(units, p: Problem, kt, v, out, lse):
+#: A unit of forward work: heads ``[h0, h1)``, rows ``[r0, r1)``.
+Unit = tuple[int, int, int, int]
+
+
+def _forward_units(
+    units: Sequence[Unit], p: Problem, kt: Tensor, v: Tensor, out: Tensor, lse: Tensor
+) -> None:
     """Compute the work units ``(h0, h1, r0, r1)`` into ``out`` and ``lse``."""
     c = p.scale * LOG2E  # scores in base 2
     bq = max(r1 - r0 for _, _, r0, r1 in units)
@@ -155,6 +174,7 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
             k1 = min(k0 + p.block_k, kt.shape[-1])
             s = tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0)
             torch.bmm(qb, kt[h0:h1, :, k0:k1], out=s)
+            p.add_bias(s, h0, h1, r0, r1, k0)
             keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
             if keep is not None:
                 s.masked_fill_(~keep, float("-inf"))
@@ -180,7 +200,20 @@ def _forward_units(units, p: Problem, kt, v, out, lse):
 TILE_SUM_LIMIT = 2.0**64
 
 
-def _forward_lazy(p: Problem, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse):
+def _forward_lazy(
+    p: Problem,
+    h0: int,
+    h1: int,
+    r0: int,
+    r1: int,
+    k_end: int,
+    qb: Tensor,
+    kt: Tensor,
+    v: Tensor,
+    tile: Tensor,
+    out: Tensor,
+    lse: Tensor,
+) -> None:
     """The loop over key tiles for rows that all see a key in the first tile (no
     mask): the first tile's row maxima become the shift of the running state, and
     it is moved only when a later tile's weights overflow ``TILE_SUM_LIMIT``, so
@@ -188,7 +221,9 @@ def _forward_lazy(p: Problem, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse):
     one sum and one GEMM: no maximum, no rescaling."""
     n_h, n_r = h1 - h0, r1 - r0
     o = out[h0:h1, r0:r1]  # (heads, bq, Dv): the unnormalized output, in place
-    ell = shift = None
+    ell: Tensor | None = None
+    shift: Tensor | None = None
+    neg: Tensor | None = None
     for k0 in range(0, k_end, p.block_k):
         k1 = min(k0 + p.block_k, kt.shape[-1])
         s = tile[: n_h * n_r * (k1 - k0)].view(n_h, n_r, k1 - k0)
@@ -203,6 +238,7 @@ def _forward_lazy(p: Problem, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse):
             ell = pt.sum(dim=-1, keepdim=True)
             o.baddbmm_(pt, v[h0:h1, k0:k1])
             continue
+        assert ell is not None and neg is not None  # set by the first tile
         if n_h == 1:  # s = qb k^T - shift in one GEMM (the shift broadcasts)
             torch.baddbmm(neg, qb, kt[h0:h1, :, k0:k1], out=s)
         else:  # (a broadcast start would be copied head by head)
@@ -225,19 +261,32 @@ def _forward_lazy(p: Problem, h0, h1, r0, r1, k_end, qb, kt, v, tile, out, lse):
             total = pt.sum(dim=-1, keepdim=True)
         ell.add_(total)
         o.baddbmm_(pt, v[h0:h1, k0:k1])
+    assert ell is not None and shift is not None  # k_end > 0: one tile at least
     o.div_(ell)
     lse[h0:h1, r0:r1] = ((shift + torch.log2(ell)) * LN2).squeeze(-1)
 
 
 def _forward_tile(
-    p: Problem, h0, h1, r0, r1, k_end, kt, v, tile, out, lse, check_empty
-):
+    p: Problem,
+    h0: int,
+    h1: int,
+    r0: int,
+    r1: int,
+    k_end: int,
+    kt: Tensor,
+    v: Tensor,
+    tile: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    check_empty: bool,
+) -> None:
     """Rows ``[r0, r1)`` of heads ``[h0, h1)`` whose keys fit in one tile: the plain
     softmax of the tile, with no running maximum or sum to rescale."""
     n_h, n_r = h1 - h0, r1 - r0
     s = tile[: n_h * n_r * k_end].view(n_h, n_r, k_end)
     q = p.q[h0:h1, r0:r1].to(p.acc_dtype) * (p.scale * LOG2E)  # base-2 units
     torch.bmm(q, kt[h0:h1, :, :k_end], out=s)
+    p.add_bias(s, h0, h1, r0, r1, 0)
     keep = p.tile_keep(h0, h1, r0, r1, 0, k_end)
     if keep is not None:
         s.masked_fill_(~keep, float("-inf"))
@@ -327,7 +376,17 @@ def backward(
     return dq, dk, dv
 
 
-def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks=None):
+def _backward_heads(
+    units: Sequence[tuple[int, int]],
+    p: Problem,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    grad_out: Tensor,
+    lse2: Tensor,
+    delta: Tensor,
+    blocks: Sequence[int] | None = None,
+) -> None:
     """Accumulate the gradients of the heads in ``units`` (key blocks ``blocks``)."""
     acc = p.acc_dtype
     S, R = p.k.shape[1], p.q.shape[1]
@@ -354,6 +413,7 @@ def _backward_heads(units, p: Problem, dq, dk, dv, grad_out, lse2, delta, blocks
                 # s = c q k^T: the GEMM applies the scale (alpha), so no scaled copy
                 # of q is needed (beta=0: the GEMM writes s without reading it)
                 torch.baddbmm(s, qb, kb.transpose(1, 2), beta=0.0, alpha=c, out=s)
+                p.add_bias(s, h0, h1, r0, r1, k0)
                 keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
                 if keep is not None:
                     s.masked_fill_(~keep, float("-inf"))
@@ -388,10 +448,16 @@ def _functorch_active() -> bool:
     return bool(active and active())
 
 
-def _run(fn, units, cost, p: Problem, *args):
+def _run(
+    fn: Callable[..., None],
+    units: Sequence[Any],
+    cost: Sequence[int],
+    p: Problem,
+    *args: Any,
+) -> None:
     """Share ``units`` among the workers, the costliest first to the least loaded."""
     workers = _workers(p.q.device, len(units))
-    shares = [[] for _ in range(workers)]
+    shares: list[list[Any]] = [[] for _ in range(workers)]
     load = [0] * workers
     for i in sorted(range(len(units)), key=lambda i: -cost[i]):
         w = load.index(min(load))
@@ -403,7 +469,7 @@ def _run(fn, units, cost, p: Problem, *args):
 _POOL: ThreadPoolExecutor | None = None
 
 
-def _parallel(jobs) -> None:
+def _parallel(jobs: Sequence[Sequence[Any]]) -> None:
     """Run ``fn(*args)`` for each ``(fn, *args)`` in ``jobs``, one per worker thread."""
     if len(jobs) == 1:
         fn, *args = jobs[0]
@@ -421,7 +487,7 @@ def _parallel(jobs) -> None:
         future.result()
 
 
-def _in_worker(inference: bool, fn, *args):
+def _in_worker(inference: bool, fn: Callable[..., None], *args: Any) -> None:
     # Each worker runs its torch operations inline, on one thread: one
     # single-threaded worker per core beats many short multi-threaded operations,
     # whose synchronization dominates on a busy machine. Grad mode and inference
