@@ -27,22 +27,22 @@ FAST = ["-p", "no:nbval", "-o", "addopts=", "-q", "-x", "-m", "not slow"]
 # (what the bug is, file, original text, mutated text, tests that should catch it)
 M = [
     (
-        "remove the float32 upcast of the alternative normalizers",
-        L + "alternatives.py",
-        "    return function.apply(x.to(_compute_dtype(x)), dim, *args).to(x.dtype)",
-        "    return function.apply(x, dim, *args)",
-        ["tests/test_alternatives.py"],
+        "remove the float32 upcast of the normalizers' shared policy",
+        L + "normalizers/_policy.py",
+        "        compute = torch.float32 if upcast and x.dtype in HALF else x.dtype",
+        "        compute = x.dtype",
+        ["tests/test_normalizer_contract.py"],
     ),
     (
         "off-by-one in the sparse threshold (support counted from 0)",
-        L + "alternatives.py",
+        L + "normalizers/sparse.py",
         "    rho = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)  # (k,)",
         "    rho = torch.arange(0, v.shape[-1], dtype=v.dtype, device=v.device)  # (k,)",
         ["tests/test_alternatives.py"],
     ),
     (
         "drop a term of the sparse maps' gradient",
-        L + "alternatives.py",
+        L + "normalizers/sparse.py",
         "    return wg - q * weight",
         "    return wg",
         ["tests/test_alternatives.py"],
@@ -56,9 +56,9 @@ M = [
     ),
     (
         "temperature multiplies instead of divides",
-        L + "softmax.py",
-        "    return x if t == 1.0 else x / t",
-        "    return x if t == 1.0 else x * t",
+        L + "normalizers/exponential.py",
+        "    return x if temperature == 1.0 else x / temperature",
+        "    return x if temperature == 1.0 else x * temperature",
         ["tests/test_softmax.py"],
     ),
     (
@@ -233,7 +233,7 @@ M = [
     ),
     (
         "sparse maps: rows with too many candidates are not sorted in full",
-        L + "alternatives.py",
+        L + "normalizers/sparse.py",
         "    rows = (full | (t < bound).squeeze(-1)).nonzero().squeeze(-1)",
         "    rows = (t < bound).squeeze(-1).nonzero().squeeze(-1)",
         ["tests/test_alternatives.py"],
@@ -247,21 +247,21 @@ M = [
     ),
     (
         "sink softmax leaves the shift out of the sink's exponential",
-        L + "sinks.py",
+        L + "normalizers/sinks.py",
         "total = torch.exp(sink - m) + e.sum(dim, keepdim=True)",
         "total = torch.exp(sink) + e.sum(dim, keepdim=True)",
         ["tests/test_sinks.py"],
     ),
     (
         "sink softmax shifts by the scores' maximum only (a large sink overflows)",
-        L + "sinks.py",
+        L + "normalizers/sinks.py",
         "m = torch.maximum(x.amax(dim, keepdim=True), sink).detach()",
         "m = x.amax(dim, keepdim=True).detach()",
         ["tests/test_sinks.py"],
     ),
     (
         "softpick's numerator not rectified (negative weights)",
-        L + "sinks.py",
+        L + "normalizers/sinks.py",
         "numerator = torch.relu(shifted)",
         "numerator = shifted",
         ["tests/test_sinks.py"],

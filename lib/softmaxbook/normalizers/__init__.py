@@ -3,7 +3,7 @@ r"""Normalizers: maps from attention scores to weights, and their registry.
 A normalizer takes scores ``x`` and a dimension ``dim`` (and options with
 defaults) and returns weights of the same shape and dtype. Each is written
 once, as its math, in the module of its family; ``@normalizer``
-(:mod:`softmaxbook.normalizers._policy`) supplies the policy they share:
+(``softmaxbook.normalizers._policy``) supplies the policy they share:
 floating-point tensors only, ``dim`` checked, ``float16``/``bfloat16``
 computed in ``float32`` and rounded back once, 0-d and empty input; ``-inf``
 is a removed key. And it registers each one, with its properties, in
@@ -31,13 +31,21 @@ is a removed key. And it registers each one, with its properties, in
 {'softmax': 0, 'sparsemax': 2}
 """
 
+from . import registry
 from .exponential import log_softmax, logsumexp, softmax
 from .length import adaptive_temperature_softmax, scalable_softmax, yarn_logit_scale
 from .pointwise import relu_normalize, sigmoid_normalize, softmax_one
-from .registry import NORMALIZERS, NormalizerInfo, all_normalizers
+from .registry import NormalizerInfo, all_normalizers
 from .sinks import clipped_softmax, relu_attention, sink_softmax, softpick
 from .sparse import entmax15, entmax_bisect, sparsemax
 from .stickbreaking import stick_breaking
+
+#: Every normalizer by name (and alias) -> its :class:`NormalizerInfo`: the
+#: names ``normalizer=`` accepts. The dict of ``registry``, filled by
+#: ``@normalizer`` next to each normalizer's math.
+#:
+#: :meta hide-value:
+NORMALIZERS = registry.NORMALIZERS
 
 __all__ = [
     # the registry
