@@ -20,7 +20,10 @@ def test_cpu_tensors_take_the_torch_path():
     assert "CUDA devices only" in decision.reason and "on cpu" in decision.reason
     assert str(decision).startswith("softmax -> torch: ")
     q = torch.randn(1, 4, 8)
-    assert sb.explain_dispatch("flash_attention", q, q, q).path == "torch"
+    # The kernels' rule: no Triton on the CPU (flash_attention then picks among
+    # its CPU paths, see test_flash)
+    assert dispatch.kernel_decision("flash_attention", q, q, q).path == "torch"
+    assert sb.explain_dispatch("flash_attention", q, q, q).path != "triton"
 
 
 def _facts(**overrides):
@@ -104,7 +107,7 @@ def test_the_value_head_size_counts_too(monkeypatch):
     # q and k have D = 64, v has Dv = 512: above the kernel's limit, so torch.
     _captured_facts(monkeypatch)
     q, v = torch.zeros(2, 8, 64), torch.zeros(2, 8, 512)
-    assert sb.explain_dispatch("flash_attention", q, q, v)["width"] == 512
+    assert dispatch.kernel_decision("flash_attention", q, q, v)["width"] == 512
     monkeypatch.undo()
     deep_v = dispatch._decide("flash_attention", **_facts(width=512))
     assert deep_v.path == "torch" and "512" in deep_v.reason
@@ -191,6 +194,23 @@ def test_explain_dispatch_for_attention_takes_the_call_options():
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):
         sb.explain_dispatch("scaled_dot_product_attention", q, q, q, scale=0.0)
     with pytest.raises(TypeError, match="takes no keyword arguments"):
-        sb.explain_dispatch("flash_attention", q, q, q, is_causal=True)
-    # flash_attention's report is unchanged by the options of another op
-    assert sb.explain_dispatch("flash_attention", q, q, q).path == "torch"
+        sb.explain_dispatch("softmax", q, is_causal=True)
+    # torch's names, float masks and dropout are the call's options too
+    bias = torch.zeros(3, 3)
+    decision = sb.explain_dispatch(
+        "scaled_dot_product_attention", q, q, q, attn_mask=bias, dropout_p=0.1
+    )
+    assert decision.path == "fused"
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        sb.explain_dispatch("scaled_dot_product_attention", q, q, q, dropout_p=1.0)
+    with pytest.raises(TypeError, match="got both mask= and attn_mask="):
+        sb.explain_dispatch(
+            "scaled_dot_product_attention", q, q, q, mask=bias, attn_mask=bias
+        )
+
+
+def test_explain_dispatch_leaves_the_random_state_alone():
+    q = torch.randn(1, 2, 3, 4)
+    state = torch.get_rng_state()
+    sb.explain_dispatch("scaled_dot_product_attention", q, q, q, dropout_p=0.5)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -253,7 +253,7 @@ def _check_mask(mask: object, q: Tensor, scores: tuple[int, ...]) -> bool:
     if mask.shape != scores and not _broadcasts_to(tuple(mask.shape), scores):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
-            f"shape {scores}"
+            f"shape {tuple(scores)}"
         )
     if mask.device != q.device:
         raise ValueError(

@@ -30,13 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import normalizers
-from ._validate import (
-    check_attention_args,
-    check_causal,
-    check_gqa_heads,
-    zero_empty_rows,
-)
-from .decode import aligned_causal_mask, repeat_kv_heads
+from ._attention_args import AttentionArgs, resolve_attention
+from ._validate import zero_empty_rows
+from .decode import repeat_kv_heads
 from .kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
 from .masking import masked_softmax
 from .normalizers import sink_softmax
@@ -80,68 +76,86 @@ def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    *,
-    mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     is_causal: bool | str = False,
+    *,
     scale: float | None = None,
+    enable_gqa: bool = False,
+    mask: Tensor | None = None,
     normalizer: str | Normalizer = "softmax",
     sinks: Tensor | None = None,
     return_weights: bool = False,
-    enable_gqa: bool = False,
     explicit: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Attention:
-    :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale},\ \text{mask})\, V`.
+    :math:`\mathrm{normalize}(Q K^\top \cdot \text{scale} + M)\, V`.
 
     The scores :math:`Q K^\top` are multiplied by ``scale`` (default
     :math:`1/\sqrt{D}`), masked, normalized along the keys and used to
-    average the values. Masked scores become ``-inf`` before the normalizer
-    sees them, and a query with nothing to attend to gets all-zero weights
-    and a zero output, with zero (never ``nan``) gradients. With the softmax
-    normalizer this is :func:`~softmaxbook.masking.masked_softmax`; any other
-    normalizer (a name or a callable) gets the same treatment around it.
+    average the values. A boolean mask sets the scores of removed keys to
+    ``-inf`` before the normalizer sees them; a float mask :math:`M` is added
+    to the scores (``-inf`` removes a key), as torch does. A query with
+    nothing to attend to gets all-zero weights and a zero output, with zero
+    (never ``nan``) gradients. With the softmax normalizer this is
+    :func:`~softmaxbook.masking.masked_softmax`; any other normalizer (a name
+    or a callable) gets the same treatment around it. With ``dropout_p > 0``
+    the weights go through ``torch.dropout`` (each zeroed with probability
+    ``dropout_p``, the others divided by ``1 - dropout_p``) before they
+    average the values, as in torch's function: always, there is no
+    ``training`` flag.
 
     Where torch's fused kernel computes the same thing (the softmax
     normalizer, no ``sinks``, no ``return_weights``, ``(B, H, L, D)`` tensors
-    on the CPU, scores that are all finite), the call is handed to
+    on the CPU, an output that is all finite), the call is handed to
     ``torch.nn.functional.scaled_dot_product_attention`` after the same
     argument checks: the *fused* path, which runs a training step as fast as
-    torch does. Everything else takes the *explicit* path above, and
-    ``explicit=True`` forces it; ``sb.explain_dispatch(
-    "scaled_dot_product_attention", q, k, v, **options)`` says which path a
-    call takes, and why. Both give zeros for fully masked rows, forward and
-    backward. The fused kernel's backward pass is not differentiable: for
-    second derivatives (``create_graph=True``), pass ``explicit=True``
-    (``torch.func`` transforms take the explicit path by themselves).
+    torch does, float masks and dropout included. Everything else takes the
+    *explicit* path above, and ``explicit=True`` forces it;
+    ``sb.explain_dispatch("scaled_dot_product_attention", q, k, v,
+    **options)`` says which path a call takes, and why. Both give zeros for
+    fully masked rows, forward and backward. The fused kernel's backward pass
+    is not differentiable: for second derivatives (``create_graph=True``),
+    pass ``explicit=True`` (``torch.func`` transforms take the explicit path
+    by themselves).
 
     Shapes: ``q`` is ``(..., L, D)``, ``k`` is ``(..., S, D)``, ``v`` is
-    ``(..., S, Dv)``, the batch dimensions ``...`` broadcast; ``mask``
+    ``(..., S, Dv)``, the batch dimensions ``...`` broadcast; the mask
     broadcasts to ``(..., L, S)``; the output is ``(..., L, Dv)`` and the
     weights ``(..., L, S)``. With ``enable_gqa``, ``k`` and ``v`` may have
     fewer heads than ``q`` (dimension -3), a divisor of its count.
 
     Equivalent, for softmax, to
-    ``torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)`` (same boolean
-    convention, same top-left causal alignment for ``is_causal=True``; torch
-    2.5 and later also give zeros for fully masked rows).
+    ``torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask,
+    dropout_p, is_causal, scale, enable_gqa=enable_gqa)``: the same
+    positional and keyword names, the same boolean and float masks, the same
+    top-left causal alignment for ``is_causal=True``, and the same dropout
+    (with the same random state, the same weights are dropped); torch 2.5 and
+    later also give zeros for fully masked rows.
 
     Parameters
     ----------
     q, k, v : Tensor
         Queries, keys and values, one floating dtype and one device.
-    mask : Tensor, optional
-        Boolean, broadcastable to ``(..., L, S)``; True = the query may attend
-        to the key (torch's convention for ``attn_mask``).
+    attn_mask, mask : Tensor, optional
+        The mask (``attn_mask`` is torch's name; pass one of the two),
+        broadcastable to ``(..., L, S)``: boolean, True = the query may attend
+        to the key, or floating point of ``q``'s dtype, added to the scores.
+    dropout_p : float
+        Probability of dropping a weight, in :math:`[0, 1)`; 0 by default.
     is_causal : bool or str
         Apply a causal mask ``(L, S)``: ``True`` or ``"top_left"`` aligns it
         at the top-left corner, like torch (:func:`~softmaxbook.causal_mask`),
         ``"bottom_right"`` at the bottom-right, like flash-attn (the last query
         sees the last key: the KV-cache case); see
-        :func:`~softmaxbook.aligned_causal_mask`. Cannot be combined with
-        ``mask``: pass ``mask & aligned_causal_mask(L, S, align=...)``.
+        :func:`~softmaxbook.aligned_causal_mask`. Cannot be combined with a
+        mask: pass ``mask & aligned_causal_mask(L, S, align=...)``.
     scale : float, optional
         Multiplies the scores; defaults to :math:`1/\sqrt{D}`. Must be > 0.
+    enable_gqa : bool
+        Grouped-query attention: query head :math:`h` uses key and value head
+        :math:`\lfloor h / (H_q / H_{kv}) \rfloor`, as torch's ``enable_gqa``
+        (:func:`~softmaxbook.repeat_kv_heads`).
     normalizer : str or callable
         ``"softmax"`` or another name in
         :data:`~softmaxbook.attention.NORMALIZERS`, or a callable
@@ -157,11 +171,8 @@ def scaled_dot_product_attention(
         (:func:`~softmaxbook.sink_softmax`); the weights sum to less than 1,
         and ``sinks`` gets a gradient. Softmax normalizer only.
     return_weights : bool
-        Also return the weights (without the sink's).
-    enable_gqa : bool
-        Grouped-query attention: query head :math:`h` uses key and value head
-        :math:`\lfloor h / (H_q / H_{kv}) \rfloor`, as torch's ``enable_gqa``
-        (:func:`~softmaxbook.repeat_kv_heads`).
+        Also return the weights (without the sink's; after dropout: the
+        weights that averaged the values).
     explicit : bool
         Always compute the scores and the weights explicitly, never in torch's
         fused kernel (the result is the same up to rounding; the explicit
@@ -177,41 +188,65 @@ def scaled_dot_product_attention(
     ------
     TypeError
         If ``q``, ``k``, ``v`` are not floating point or differ in dtype, if
-        ``mask`` is not boolean, or ``normalizer`` is neither a name nor a
+        the mask is neither boolean nor of ``q``'s dtype, if both ``mask`` and
+        ``attn_mask`` are given, or ``normalizer`` is neither a name nor a
         callable.
     ValueError
         If the shapes do not match (``D`` of ``q`` and ``k``, ``S`` of ``k``
-        and ``v``, batch dimensions, the mask), if ``mask`` is given together
+        and ``v``, batch dimensions, the mask), if a mask is given together
         with ``is_causal``, if ``is_causal`` is an unknown name, if
         ``enable_gqa`` is set and the head counts do not divide, if
-        ``scale <= 0``, or if ``normalizer`` is an unknown name or returns the
-        wrong shape; if ``sinks`` does not broadcast to the batch dimensions,
-        or comes with another normalizer than softmax.
+        ``scale <= 0`` or ``dropout_p`` is not in :math:`[0, 1)`, or if
+        ``normalizer`` is an unknown name or returns the wrong shape; if
+        ``sinks`` does not broadcast to the batch dimensions, or comes with
+        another normalizer than softmax.
+
+    Examples
+    --------
+    >>> import torch, softmaxbook as sb
+    >>> q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
+    >>> bias = torch.randn(5, 5)  # a float mask is added to the scores
+    >>> torch.allclose(
+    ...     sb.scaled_dot_product_attention(q, k, v, attn_mask=bias, explicit=True),
+    ...     torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+    ...     atol=1e-6,
+    ... )
+    True
     """
     call = _resolve(
-        q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights,
-        enable_gqa, explicit,
+        q, k, v, mask, attn_mask, is_causal, scale, normalizer, sinks,
+        return_weights, enable_gqa, dropout_p, explicit,
     )  # fmt: skip
+    args = call.args
     if call.path == "fused":
-        out = _fused(q, k, v, call, enable_gqa)
+        # Dropout draws from the random state: a recomputation draws the same.
+        state = torch.get_rng_state() if args.dropout_p else None
+        out = _fused(q, k, v, args, enable_gqa)
         if _finite(out):
             return out
         # A nan or infinity: the explicit path keeps those of masked keys out of the
         # output (the fused kernel adds the mask to them), and agrees elsewhere.
-    if enable_gqa:  # each key and value head serves G query heads
-        k, v = repeat_kv_heads(k, call.groups), repeat_kv_heads(v, call.groups)
+        if state is not None:
+            torch.set_rng_state(state)
+    if args.groups > 1:  # each key and value head serves G query heads
+        k, v = repeat_kv_heads(k, args.groups), repeat_kv_heads(v, args.groups)
     return _explicit(q, k, v, call, return_weights)
 
 
-def _fused(q: Tensor, k: Tensor, v: Tensor, call: _Resolved, enable_gqa: bool):
+def _fused(q: Tensor, k: Tensor, v: Tensor, args: AttentionArgs, gqa: bool) -> Tensor:
+    """torch's fused kernel, with the causal alignment in torch's terms."""
+    mask, causal = args.mask, args.causal == "top_left"
+    if args.causal == "bottom_right":  # torch's is_causal is top-left only
+        mask = args.causal_mask(q.device)
     return F.scaled_dot_product_attention(
         q,
         k,
         v,
-        attn_mask=call.mask,
-        is_causal=call.torch_causal,
-        scale=call.scale,
-        enable_gqa=enable_gqa,
+        attn_mask=mask,
+        dropout_p=args.dropout_p,
+        is_causal=causal,
+        scale=args.scale,
+        enable_gqa=gqa,
     )
 
 
@@ -222,49 +257,38 @@ def _finite(out: Tensor) -> bool:
 
 
 class _Resolved(NamedTuple):
-    """A checked call: its path, and what either path needs."""
+    """A checked call: its path, its arguments and its normalizer."""
 
     path: str
     reason: str
-    batch: tuple[int, ...]
-    scale: float
-    align: str | None
-    mask: Tensor | None  # the user's mask, or the bottom-right causal mask (fused)
-    torch_causal: bool  # torch's top-left is_causal (fused path)
+    args: AttentionArgs
     name: str
     normalize: Normalizer
     is_softmax: bool
-    sinks: Tensor | None
-    groups: int
 
 
 def _resolve(
-    q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights, enable_gqa,
-    explicit,
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attn_mask: Tensor | None,
+    is_causal: bool | str, scale: float | None, normalizer: str | Normalizer,
+    sinks: Tensor | None, return_weights: bool, enable_gqa: bool, dropout_p: float,
+    explicit: bool,
 ) -> _Resolved:  # fmt: skip
     """Check the arguments of :func:`scaled_dot_product_attention` and choose its
     path (the rule is ``softmaxbook.kernels.dispatch.sdpa_decision``)."""
-    align = check_causal(is_causal)
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
     if not isinstance(explicit, bool):
         raise TypeError(f"explicit must be a bool, got {type(explicit).__name__}")
-    groups, kc, vc = 1, k, v
-    if enable_gqa:  # each key and value head serves G query heads
-        groups = check_gqa_heads(q, k, v)
-        # Stand-ins of the repeated heads' shape for the checks: no copy is made.
-        kc, vc = (
-            t.new_empty(()).expand(
-                t.shape[:-3] + (t.shape[-3] * groups,) + t.shape[-2:]
-            )
-            for t in (k, v)
-        )
-    batch, scale, _ = check_attention_args(q, kc, vc, mask, align is not None, scale)
+    args = resolve_attention(
+        q, k, v, mask=mask, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+        sinks=sinks, enable_gqa=enable_gqa, dropout_p=dropout_p,
+        caller="scaled_dot_product_attention",
+    )  # fmt: skip
     name, normalize = resolve_normalizer(normalizer)
     is_softmax = name == "softmax" and normalize is NORMALIZERS.get("softmax")
-    if sinks is not None:
-        sinks = _check_sinks(sinks, batch, q, is_softmax)
-    L, S = q.shape[-2], k.shape[-2]
+    if sinks is not None and not is_softmax:
+        raise ValueError(
+            "sinks are sink logits of the softmax (as in gpt-oss); with another "
+            "normalizer, leave them out"
+        )
     path, reason = sdpa_decision(
         explicit=explicit,
         softmax=is_softmax,
@@ -277,45 +301,40 @@ def _resolve(
         transforms=_functorch_active(),
         bounded=lambda: True,  # the call checks the fused output instead
     )
-    torch_causal = False
-    if path == "fused" and align is not None:
-        if align == "top_left" or L == S:
-            torch_causal = True
-        else:
-            mask = aligned_causal_mask(L, S, align=align, device=q.device)
-    return _Resolved(
-        path, reason, batch, scale, align, mask, torch_causal, name, normalize,
-        is_softmax, sinks, groups,
-    )  # fmt: skip
+    return _Resolved(path, reason, args, name, normalize, is_softmax)
 
 
 def _resolve_path(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    *,
-    mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     is_causal: bool | str = False,
+    *,
     scale: float | None = None,
+    enable_gqa: bool = False,
+    mask: Tensor | None = None,
     normalizer: str | Normalizer = "softmax",
     sinks: Tensor | None = None,
     return_weights: bool = False,
-    enable_gqa: bool = False,
     explicit: bool = False,
 ) -> tuple[str, str]:
     """``(path, reason)`` of a call with these arguments (for ``explain_dispatch``).
 
     Where the rule allows the fused kernel, its output is computed here too (without
-    a gradient), as the call does: if it holds a nan or an infinity, the call
-    recomputes it on the explicit path, and so this says.
+    a gradient, and without dropout, so the random state is left alone), as the
+    call does: if it holds a nan or an infinity, the call recomputes it on the
+    explicit path, and so this says.
     """
     call = _resolve(
-        q, k, v, mask, is_causal, scale, normalizer, sinks, return_weights,
-        enable_gqa, explicit,
+        q, k, v, mask, attn_mask, is_causal, scale, normalizer, sinks,
+        return_weights, enable_gqa, dropout_p, explicit,
     )  # fmt: skip
     if call.path == "fused":
         with torch.no_grad():
-            finite = _finite(_fused(q, k, v, call, enable_gqa))
+            args = call.args._replace(dropout_p=0.0)
+            finite = _finite(_fused(q, k, v, args, enable_gqa))
         return sdpa_decision(
             explicit=False,
             softmax=True,
@@ -336,61 +355,30 @@ def _functorch_active() -> bool:
     return bool(active and active())
 
 
-def _explicit(q: Tensor, k: Tensor, v: Tensor, call: _Resolved, return_weights):
+def _explicit(
+    q: Tensor, k: Tensor, v: Tensor, call: _Resolved, return_weights: bool
+) -> Tensor | tuple[Tensor, Tensor]:
     """The explicit path: scores, masked weights, their average of the values."""
-    mask, sinks, scale, align = call.mask, call.sinks, call.scale, call.align
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)
-    if align is not None:
-        mask = aligned_causal_mask(
-            q.shape[-2], k.shape[-2], align=align, device=q.device
-        )  # (L, S)
-    if mask is not None:  # a mask may have batch dimensions that only v has
-        scores = scores.expand(torch.broadcast_shapes(scores.shape, mask.shape))
-    if sinks is not None:  # removed keys are -inf; a row of them gives zeros
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = sink_softmax(scores, sinks[..., None, None], dim=-1)
+    args = call.args
+    scores = (q @ k.transpose(-2, -1)) * args.scale  # (..., L, S)
+    # The mask may have batch dimensions that only v has: the scores take them all.
+    scores = scores.expand(args.batch + (args.L, args.S))
+    filled = args.masked_scores(scores)  # removed keys are -inf
+    if args.sinks is not None:  # a row of -inf gives zeros
+        weights = sink_softmax(filled, args.sinks[..., None, None], dim=-1)
     elif call.is_softmax:
-        weights = masked_softmax(scores, mask)
-    elif mask is None:
+        weights = masked_softmax(filled, None)
+    elif args.mask is None and args.causal is None:
         weights = _checked(call.normalize(scores, dim=-1), scores, call.name)
     else:
-        weights = _masked_normalize(
-            call.normalize, scores, mask.expand(scores.shape), call.name
-        )
+        weights = _masked_normalize(call.normalize, filled, call.name)
+    if args.dropout_p:  # as torch's math path: torch.dropout on the weights
+        weights = torch.dropout(weights, args.dropout_p, True)
     out = weights @ v  # (..., L, Dv)
     return (out, weights) if return_weights else out
 
 
-def _check_sinks(sinks, batch: tuple[int, ...], q: Tensor, is_softmax: bool) -> Tensor:
-    """Sink logits that broadcast to the batch dimensions, for softmax only."""
-    if not is_softmax:
-        raise ValueError(
-            "sinks are sink logits of the softmax (as in gpt-oss); with another "
-            "normalizer, leave them out"
-        )
-    if not isinstance(sinks, Tensor) or not sinks.is_floating_point():
-        got = sinks.dtype if isinstance(sinks, Tensor) else type(sinks).__name__
-        raise TypeError(f"sinks must be a floating-point tensor, got {got}")
-    if sinks.device != q.device:
-        raise ValueError(
-            f"sinks is on {sinks.device} but q is on {q.device}; "
-            "move it with sinks.to(q.device)"
-        )
-    try:
-        fits = torch.broadcast_shapes(sinks.shape, batch) == batch
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"sinks of shape {tuple(sinks.shape)} must broadcast to the batch "
-            f"dimensions {batch} of the scores: one sink logit per head, e.g. "
-            "(H,) for q of shape (B, H, L, D)"
-        )
-    return sinks
-
-
-def _checked(weights, scores: Tensor, name: str) -> Tensor:
+def _checked(weights: object, scores: Tensor, name: str) -> Tensor:
     if not isinstance(weights, Tensor) or weights.shape != scores.shape:
         got = (
             tuple(weights.shape)
@@ -404,16 +392,14 @@ def _checked(weights, scores: Tensor, name: str) -> Tensor:
     return weights
 
 
-def _masked_normalize(
-    normalize: Normalizer, scores: Tensor, keep: Tensor, name: str
-) -> Tensor:
-    # Masked keys become -inf, which every library normalizer treats as removed;
-    # a row with nothing left to attend gives zeros, never nan.
-    filled = scores.masked_fill(~keep, float("-inf"))  # (..., L, S)
+def _masked_normalize(normalize: Normalizer, filled: Tensor, name: str) -> Tensor:
+    # Removed keys are -inf, which every library normalizer treats as removed; a
+    # row with nothing left to attend gives zeros, never nan.
+    removed = torch.isneginf(filled)
     weights = zero_empty_rows(
-        lambda s: _checked(normalize(s, dim=-1), scores, name), filled, dim=-1
+        lambda s: _checked(normalize(s, dim=-1), filled, name), filled, dim=-1
     )
-    return weights.masked_fill(~keep, 0.0)  # whatever a custom normalizer gave them
+    return weights.masked_fill(removed, 0.0)  # whatever a custom normalizer gave
 
 
 register_explainer(SDPA_OP, _resolve_path)

@@ -34,8 +34,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._validate import check_positive, check_positive_int, check_qkv
+from ._attention_args import resolve_attention
+from ._validate import check_positive_int
 from .masking import masked_softmax
+from .normalizers import sink_softmax
 
 __all__ = ["mask_from_mod", "block_mask_from_mod", "BlockSparsity", "flex_attention"]
 
@@ -219,26 +221,37 @@ def flex_attention(
     score_mod: Callable[..., Tensor] | None = None,
     mask_mod: Callable[..., Tensor] | None = None,
     scale: float | None = None,
+    mask: Tensor | None = None,
+    is_causal: bool | str = False,
+    sinks: Tensor | None = None,
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     r"""Attention with a score modification and a mask given as functions:
     :math:`\mathrm{softmax}_{j : m_{bhij}}\bigl(f(s_{bhij}, b, h, i, j)\bigr)\, V`.
 
     The scores :math:`s = QK^\top \cdot \text{scale}` go through
-    ``score_mod`` first, then the entries where ``mask_mod`` is False are
-    removed, then a softmax over the rest weights the values. The mask comes
-    *after* the score modification, so a ``score_mod`` can never bring a
-    masked key back (a soft cap of :math:`-\infty` would be finite). Rows
-    with nothing to attend give zeros, forward and backward, as in
-    :func:`~softmaxbook.masked_softmax`.
+    ``score_mod`` first, then the mask is applied: a float ``mask`` is added,
+    and the entries where ``mask_mod``, a boolean ``mask`` or the causal mask
+    is False are removed; then a softmax over the rest weights the values.
+    The mask comes *after* the score modification, so a ``score_mod`` can
+    never bring a masked key back (a soft cap of :math:`-\infty` would be
+    finite). Rows with nothing to attend give zeros, forward and backward, as
+    in :func:`~softmaxbook.masked_softmax`.
 
     This is the semantics of ``torch.nn.attention.flex_attention.flex_attention``
     (Dong et al., 2024), computed on the materialized ``(B, H, L, S)``
     scores: memory is quadratic in the length, any device works, and
     autograd differentiates through the mods (torch's version runs on a CPU
-    only without gradients, and fuses everything when compiled).
+    only without gradients, and fuses everything when compiled). The masks,
+    ``is_causal``, ``sinks`` and ``enable_gqa`` are those of
+    :func:`~softmaxbook.scaled_dot_product_attention`, so that every
+    attention function takes the same arguments; dropout is not supported.
 
     Shapes: ``q`` is ``(B, H, L, D)``, ``k`` is ``(B, H, S, D)``, ``v`` is
-    ``(B, H, S, Dv)``; the result is ``(B, H, L, Dv)``, in the dtype of ``q``.
+    ``(B, H, S, Dv)`` (with ``enable_gqa``, ``k`` and ``v`` may have
+    ``Hkv`` heads, a divisor of ``H``); ``mask`` broadcasts to
+    ``(B, H, L, S)``; the result is ``(B, H, L, Dv)``, in the dtype of ``q``.
 
     Equivalent to ``scaled_dot_product_attention`` on
     ``score_mod(q @ k.mT * scale, b, h, i, j)`` with
@@ -256,6 +269,12 @@ def flex_attention(
         pair may attend by default.
     scale : float, optional
         Multiplies :math:`QK^\top`; defaults to :math:`1/\sqrt{D}`.
+    mask, is_causal, sinks, enable_gqa :
+        As in :func:`~softmaxbook.scaled_dot_product_attention` (a boolean or
+        float mask, ``True``/``"top_left"``/``"bottom_right"``, one sink
+        logit per head, grouped-query heads).
+    dropout_p : float
+        Must be 0: dropout is not supported here.
 
     Returns
     -------
@@ -269,31 +288,57 @@ def flex_attention(
         callable, or a mod returns the wrong kind of tensor.
     ValueError
         If the inputs are not 4-D with matching ``B``, ``H``, ``S`` and ``D``,
-        ``scale <= 0``, or a mod's result does not broadcast.
+        ``scale <= 0``, a mod's result does not broadcast, ``dropout_p`` is
+        not 0, or as :func:`~softmaxbook.scaled_dot_product_attention`.
+
+    Examples
+    --------
+    >>> import torch, softmaxbook as sb
+    >>> q, k, v = torch.randn(3, 1, 2, 4, 8).unbind(0)
+    >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+    >>> torch.allclose(
+    ...     sb.flex_attention(q, k, v, mask_mod=causal),
+    ...     sb.scaled_dot_product_attention(q, k, v, is_causal=True),
+    ...     atol=1e-6,
+    ... )
+    True
     """
-    check_qkv(q, k, v)
+    args = resolve_attention(
+        q, k, v, mask=mask, is_causal=is_causal, scale=scale, sinks=sinks,
+        enable_gqa=enable_gqa, dropout_p=dropout_p, caller="flex_attention",
+        unsupported=("dropout_p",),
+    )  # fmt: skip
+    G = args.groups
     if not (q.dim() == k.dim() == v.dim() == 4):
         raise ValueError(
             "flex_attention needs 4-D q, k, v of shape (B, H, length, dim), got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+    if not (q.shape[0] == k.shape[0] == v.shape[0]) or not (
+        q.shape[1] == k.shape[1] * G == v.shape[1] * G
+    ):
         raise ValueError(
             "q, k and v must share B and H (dimensions 0 and 1), got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    B, H, L, D = q.shape
+    if G > 1:  # each key and value head serves G query heads
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    B, H, L, _ = q.shape
     S = k.shape[-2]
-    scale = 1.0 / math.sqrt(D) if scale is None else check_positive(scale, "scale")
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, S)
+    scores = (q @ k.transpose(-2, -1)) * args.scale  # (B, H, L, S)
     if L == 0 or S == 0:
         return torch.zeros(B, H, L, v.shape[-1], dtype=q.dtype, device=q.device)
     indices = _indices(B, H, L, S, q.device)
     if score_mod is not None:
         scores = _call_score_mod(score_mod, scores, indices)
+    scores = args.masked_scores(scores)  # after the score_mod: it cannot undo them
     keep = None
     if mask_mod is not None:
         keep = _call_mask_mod(mask_mod, indices, scores.shape)
+    if args.sinks is not None:
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return sink_softmax(scores, args.sinks[..., None, None], dim=-1) @ v
     return masked_softmax(scores, keep) @ v  # (B, H, L, Dv)
 
 

@@ -128,9 +128,8 @@ def selective_attention(
     if not -heads <= selector < heads:
         raise ValueError(f"selector={selector} is not one of the {heads} heads")
     L = q.shape[-2]
-    if args.groups > 1:  # each key head serves G query heads
-        k = k.repeat_interleave(args.groups, dim=-3)
-    scores = (q @ k.transpose(-2, -1)) * args.scale  # (..., H, L, L)
+    keys = k if args.groups == 1 else k.repeat_interleave(args.groups, dim=-3)
+    scores = (q @ keys.transpose(-2, -1)) * args.scale  # (..., H, L, L)
     allowed = causal_mask(L, device=q.device)
     selection = scores.select(-3, selector).masked_fill(~allowed, float("-inf"))
     penalty = _forgetting(selection).unsqueeze(-3)  # (..., 1, L, L), every head
