@@ -64,9 +64,10 @@ def _rowwise(
         options = dict(check(x, dim, **options))
     if x.numel() == 0:
         out = x * 0  # nothing to normalize; keeps the autograd graph
-    else:
-        compute = torch.float32 if upcast and x.dtype in HALF else x.dtype
-        out = math(x=x.to(compute), dim=dim, **options).to(x.dtype)
+    elif upcast and x.dtype in HALF:
+        out = math(x=x.float(), dim=dim, **options).to(x.dtype)
+    else:  # no .to(), not even a no-op: one torch call on the common path
+        out = math(x=x, dim=dim, **options)
     return out.squeeze(0) if scalar else out
 
 
