@@ -134,6 +134,14 @@ def test_bad_input(name):
         f(torch.zeros(2, 3), dim=1.0)
     with pytest.raises(TypeError, match="dim must be an int"):
         f(torch.zeros(2, 3), dim=True)
+    # Calls are bound as Python binds them, with the function's name.
+    g = INFOS[name].function
+    with pytest.raises(TypeError, match=rf"{name}\(\): missing a required argument"):
+        g()
+    with pytest.raises(TypeError, match=rf"{name}\(\): got an unexpected keyword"):
+        g(torch.zeros(2, 3), no_such_option=1)
+    with pytest.raises(TypeError, match=rf"{name}\(\): multiple values for argument"):
+        g(torch.zeros(2, 3), x=torch.zeros(2, 3))
 
 
 @pytest.mark.parametrize("name", NAMES)

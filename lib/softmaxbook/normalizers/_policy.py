@@ -71,6 +71,49 @@ def _rowwise(
     return out.squeeze(0) if scalar else out
 
 
+def _binder(
+    name: str, signature: inspect.Signature
+) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """A fast ``signature.bind(*args, **kwargs)`` with the defaults applied.
+
+    ``Signature.bind`` costs more than a small softmax; this fills a dict of
+    the defaults instead, and leaves every unusual call (too many arguments,
+    an unknown or repeated keyword, a missing ``x``) to ``bind`` itself, for
+    Python's own ``TypeError`` with the function's ``name``.
+    """
+    positional = [
+        n
+        for n, p in signature.parameters.items()
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    defaults = {
+        n: p.default
+        for n, p in signature.parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    optional = defaults.keys()
+    # taken[i]: the names that i positional arguments fill
+    taken = [frozenset(positional[:i]) for i in range(len(positional) + 1)]
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        n = len(args)
+        if not 0 < n <= len(positional) or not (
+            kwargs.keys() <= optional and taken[n].isdisjoint(kwargs)
+        ):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as error:  # Python's message, with the function's name
+                raise TypeError(f"{name}(): {error}") from None
+            bound.apply_defaults()
+            return dict(bound.arguments)
+        arguments = dict(defaults)
+        arguments.update(zip(positional, args))
+        arguments.update(kwargs)
+        return arguments
+
+    return bind
+
+
 def normalizer(
     *,
     sparse: bool,
@@ -110,11 +153,11 @@ def normalizer(
         if list(signature.parameters)[:1] != ["x"] or "dim" not in signature.parameters:
             raise TypeError(f"a normalizer takes (x, ..., dim, ...), not {signature}")
 
+        bind = _binder(math.__name__, signature)
+
         @functools.wraps(math)
         def checked(*args: Any, **kwargs: Any) -> Tensor:
-            arguments = signature.bind(*args, **kwargs)
-            arguments.apply_defaults()
-            opts = dict(arguments.arguments)
+            opts = bind(args, kwargs)
             x = check_float(opts.pop("x"))
             dim = check_dim(x, opts.pop("dim"))
             return _rowwise(math, x, dim, opts, options, upcast)
