@@ -53,7 +53,8 @@ ATTENTION_OPTIONS = {
 class AttentionArgs(NamedTuple):
     r"""The checked arguments of one attention call.
 
-    ``batch`` is the broadcast batch shape of the scores (with ``enable_gqa``,
+    ``batch`` is the broadcast batch shape of the scores (a tuple, often a
+    ``torch.Size``; with ``enable_gqa``,
     the query heads'); the scores are ``batch + (L, S)``. ``causal`` is ``None``,
     ``"top_left"`` or ``"bottom_right"`` (the two agree when ``L == S``, and are
     then both given as ``"top_left"``). ``mask`` is the user's mask as given
@@ -182,7 +183,7 @@ def resolve_attention(
     >>> import torch
     >>> q = torch.randn(2, 4, 8, 16)
     >>> args = resolve_attention(q, q, q, is_causal=True)
-    >>> args.batch, args.L, args.S, args.scale, args.causal
+    >>> tuple(args.batch), args.L, args.S, args.scale, args.causal
     ((2, 4), 8, 8, 0.25, 'top_left')
     >>> bias = torch.zeros(8, 8)
     >>> resolve_attention(q, q, q, attn_mask=bias).additive

@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from numbers import Real
 
 import torch
 from torch import Tensor
 
 
-def check_tensor(x, name: str = "x") -> Tensor:
+def check_tensor(x: object, name: str = "x") -> Tensor:
     """Raise ``TypeError`` unless ``x`` is a ``torch.Tensor``."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     return x
 
 
-def check_float(x, name: str = "x") -> Tensor:
+def check_float(x: object, name: str = "x") -> Tensor:
     """Raise ``TypeError`` unless ``x`` is a floating-point tensor."""
-    check_tensor(x, name)
+    x = check_tensor(x, name)
     if not x.is_floating_point():
         raise TypeError(
             f"{name} must be a floating-point tensor, got dtype {x.dtype}; "
@@ -55,7 +55,7 @@ def check_dim(x: Tensor, dim: int, name: str = "dim") -> int:
     return dim % ndim
 
 
-def check_real(value, name: str) -> float:
+def check_real(value: object, name: str) -> float:
     """Raise unless ``value`` is a finite real number (not a bool, not ``nan``)."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -64,25 +64,27 @@ def check_real(value, name: str) -> float:
     return float(value)
 
 
-def check_positive(value, name: str) -> float:
+def check_positive(value: object, name: str) -> float:
     """Raise unless ``value`` is a finite real number > 0 (a temperature, a scale)."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return float(value)
+    return number
 
 
-def check_nonnegative(value, name: str) -> float:
+def check_nonnegative(value: object, name: str) -> float:
     """Raise unless ``value`` is a finite real number >= 0 (a threshold, a decay)."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value >= 0):
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    return float(value)
+    return number
 
 
-def check_positive_int(value, name: str) -> int:
+def check_positive_int(value: object, name: str) -> int:
     """Raise unless ``value`` is an int >= 1 (a block size, a count)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -91,7 +93,7 @@ def check_positive_int(value, name: str) -> int:
     return value
 
 
-def check_nonnegative_int(value, name: str) -> int:
+def check_nonnegative_int(value: object, name: str) -> int:
     """Raise unless ``value`` is an int >= 0 (a number of warm-up steps)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -105,7 +107,7 @@ def check_nonnegative_int(value, name: str) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def check_mask(mask, scores: Tensor, name: str = "mask") -> Tensor:
+def check_mask(mask: object, scores: Tensor, name: str = "mask") -> Tensor:
     """Check that ``mask`` is a boolean tensor that broadcasts to ``scores``.
 
     Returns ``mask`` expanded to the shape of ``scores``: a view, no copy.
@@ -118,7 +120,7 @@ def check_mask(mask, scores: Tensor, name: str = "mask") -> Tensor:
         If ``mask`` does not broadcast to the shape of ``scores``, or lives on
         another device.
     """
-    check_tensor(mask, name)
+    mask = check_tensor(mask, name)
     if mask.dtype != torch.bool:
         hint = (
             "for a 0/-inf additive mask use (additive == 0)"
@@ -195,7 +197,14 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, groups: int = 1) -> tuple[int, ..
         ) from None
 
 
-def check_attention_args(q, k, v, mask, is_causal, scale):
+def check_attention_args(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[tuple[int, ...], float, Tensor | None]:
     """Check the arguments every attention function takes.
 
     Returns ``(batch, scale, keep)``: the broadcast batch shape, the scale
@@ -252,7 +261,7 @@ def zero_empty_rows(
 OPTIONAL_PACKAGES = {"entmax": "book", "tqdm": "book", "triton": "book"}
 
 
-def check_installed(packages, needed_by: str) -> None:
+def check_installed(packages: str | Iterable[str], needed_by: str) -> None:
     """Raise ``ImportError`` naming every missing package and the line that installs it.
 
     ``packages`` are import names (``"entmax"``); they are looked up, not
@@ -292,7 +301,7 @@ def check_installed(packages, needed_by: str) -> None:
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
 
-def check_causal(is_causal) -> str | None:
+def check_causal(is_causal: object) -> str | None:
     """``None`` for no causal mask, else ``"top_left"`` (also for True) or
     ``"bottom_right"``."""
     if isinstance(is_causal, bool):
@@ -310,7 +319,7 @@ def check_causal(is_causal) -> str | None:
     )
 
 
-def check_gqa_heads(q, k, v) -> int:
+def check_gqa_heads(q: Tensor, k: Tensor, v: Tensor) -> int:
     """For grouped-query attention: the number G of query heads per key head.
 
     ``q`` is ``(..., Hq, L, D)``, ``k`` and ``v`` ``(..., Hkv, S, .)`` with

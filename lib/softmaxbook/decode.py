@@ -21,6 +21,7 @@ reads it in parallel:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
@@ -70,7 +71,11 @@ def repeat_kv_heads(x: Tensor, groups: int) -> Tensor:
 
 
 def aligned_causal_mask(
-    L: int, S: int | None = None, *, align: str = "top_left", device=None
+    L: int,
+    S: int | None = None,
+    *,
+    align: str = "top_left",
+    device: torch.device | str | None = None,
 ) -> Tensor:
     r"""Boolean causal mask aligned at the top-left or the bottom-right corner.
 
@@ -100,8 +105,8 @@ def aligned_causal_mask(
     S = L if S is None else check_positive_int(S, "S")
     if not isinstance(align, str):
         raise TypeError(f"align must be a str, got {type(align).__name__}")
-    align = check_causal(align)  # the same names is_causal takes
-    offset = 0 if align == "top_left" else S - L
+    # the same names is_causal takes
+    offset = 0 if check_causal(align) == "top_left" else S - L
     rows = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
     return torch.arange(S, device=device) <= rows + offset  # (L, S)
 
@@ -192,7 +197,6 @@ def split_k_attention(
     causal = args.causal_mask(q.device)
     mask = args.mask if causal is None else causal
     bounds = _chunks(args.S, splits)
-    kw = {"scale": args.scale, "enable_gqa": enable_gqa, "return_lse": True}
     # The partial outputs stay in float32 (float64 for float64 input) through the
     # merges and are rounded to q's dtype once, at the end, as Flash-Decoding does:
     # rounding each one would add a rounding error per level of the merge tree. So
@@ -206,7 +210,11 @@ def split_k_attention(
     def part(start: int, stop: int) -> tuple[Tensor, Tensor]:
         m = None if mask is None else mask[..., start:stop]
         ks, vs = k[..., start:stop, :].to(acc), v[..., start:stop, :].to(acc)
-        return flash_attention(q_acc, ks, vs, mask=m, **kw)
+        out, lse = flash_attention(
+            q_acc, ks, vs, mask=m, scale=args.scale, enable_gqa=enable_gqa,
+            return_lse=True,
+        )  # fmt: skip
+        return out, lse
 
     parts = _in_parallel(part, bounds)
     while len(parts) > 1:  # a tree: pairs, then pairs of pairs
@@ -231,7 +239,9 @@ def _chunks(S: int, splits: int) -> list[tuple[int, int]]:
     return list(pairwise(edges))
 
 
-def _in_parallel(fn, bounds):
+def _in_parallel(
+    fn: Callable[[int, int], tuple[Tensor, Tensor]], bounds: list[tuple[int, int]]
+) -> list[tuple[Tensor, Tensor]]:
     workers = min(torch.get_num_threads(), len(bounds))
     if workers <= 1:
         return [fn(*b) for b in bounds]
@@ -240,7 +250,7 @@ def _in_parallel(fn, bounds):
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="softmaxbook-splitk")
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
-    def job(b):
+    def job(b: tuple[int, int]) -> tuple[Tensor, Tensor]:
         # One thread per chunk, each running its torch operations on one core;
         # autograd's mode is per thread, so the caller's is carried over.
         torch.set_num_threads(1)

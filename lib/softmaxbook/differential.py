@@ -137,11 +137,13 @@ def differential_attention(
             f"k1 {tuple(k1.shape)}, k2 {tuple(k2.shape)}"
         )
     lam = _check_lam(lam, args.batch, v)
-    options = {
-        "mask": mask, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa
-    }  # fmt: skip
-    _, first = scaled_dot_product_attention(q1, k1, v, return_weights=True, **options)
-    _, second = scaled_dot_product_attention(q2, k2, v, return_weights=True, **options)
+    first, second = (
+        scaled_dot_product_attention(
+            qi, ki, v, mask=mask, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa, return_weights=True,
+        )[1]
+        for qi, ki in ((q1, k1), (q2, k2))
+    )  # fmt: skip
     weights = first - lam.to(first.dtype) * second  # (..., L, S)
     if args.groups > 1:  # each value head serves G query heads
         v = v.repeat_interleave(args.groups, dim=-3)

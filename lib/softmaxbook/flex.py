@@ -41,12 +41,22 @@ from .normalizers import sink_softmax
 
 __all__ = ["mask_from_mod", "block_mask_from_mod", "BlockSparsity", "flex_attention"]
 
+#: Where index tensors are created: a device, its name, or None (the default).
+Device = torch.device | str | None
 
-def _sizes(B, H, L, S) -> tuple[int, int, int, int]:
-    return tuple(check_positive_int(n, name) for n, name in zip((B, H, L, S), "BHLS"))
+
+def _sizes(B: int, H: int, L: int, S: int) -> tuple[int, int, int, int]:
+    return (
+        check_positive_int(B, "B"),
+        check_positive_int(H, "H"),
+        check_positive_int(L, "L"),
+        check_positive_int(S, "S"),
+    )
 
 
-def _indices(B: int, H: int, L: int, S: int, device) -> tuple[Tensor, ...]:
+def _indices(
+    B: int, H: int, L: int, S: int, device: Device
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The four index tensors, shaped to broadcast to ``(B, H, L, S)``."""
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
@@ -55,7 +65,9 @@ def _indices(B: int, H: int, L: int, S: int, device) -> tuple[Tensor, ...]:
     return b, h, q_idx, kv_idx
 
 
-def _call_mask_mod(mask_mod, indices, shape) -> Tensor:
+def _call_mask_mod(
+    mask_mod: object, indices: tuple[Tensor, ...], shape: tuple[int, ...]
+) -> Tensor:
     if not callable(mask_mod):
         raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
     keep = mask_mod(*indices)
@@ -75,7 +87,13 @@ def _call_mask_mod(mask_mod, indices, shape) -> Tensor:
 
 
 def mask_from_mod(
-    mask_mod: Callable[..., Tensor], B: int, H: int, L: int, S: int, *, device=None
+    mask_mod: Callable[..., Tensor],
+    B: int,
+    H: int,
+    L: int,
+    S: int,
+    *,
+    device: Device = None,
 ) -> Tensor:
     r"""Materialize a ``mask_mod`` as a boolean mask :math:`m_{bhij} =
     \mathrm{mask\_mod}(b, h, i, j)`.
@@ -148,7 +166,7 @@ def block_mask_from_mod(
     S: int,
     *,
     block_size: int | tuple[int, int] = 128,
-    device=None,
+    device: Device = None,
 ) -> BlockSparsity:
     r"""The block sparsity of a ``mask_mod``: which score tiles need any work.
 
@@ -342,7 +360,9 @@ def flex_attention(
     return masked_softmax(scores, keep) @ v  # (B, H, L, Dv)
 
 
-def _call_score_mod(score_mod, scores: Tensor, indices) -> Tensor:
+def _call_score_mod(
+    score_mod: object, scores: Tensor, indices: tuple[Tensor, ...]
+) -> Tensor:
     if not callable(score_mod):
         raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
     new = score_mod(scores, *indices)

@@ -141,7 +141,7 @@ def _world(group: Any) -> int:
 class _Ring:
     """Who this rank sends to and receives from, and one step of passing blocks."""
 
-    def __init__(self, group):
+    def __init__(self, group: Any) -> None:
         import torch.distributed as dist
 
         self.dist = dist
@@ -156,7 +156,7 @@ class _Ring:
         """The rank whose key block this rank holds at ``step``."""
         return (self.rank - step) % self.world
 
-    def start(self, tensors):
+    def start(self, tensors: list[Tensor]) -> tuple[Any, list[Tensor]]:
         """Send ``tensors`` on and receive the previous rank's; returns the pending
         requests and the buffers that will hold what arrives."""
         dist = self.dist
@@ -166,7 +166,7 @@ class _Ring:
         return dist.batch_isend_irecv(ops), buffers
 
     @staticmethod
-    def finish(requests, buffers):
+    def finish(requests: Any, buffers: list[Tensor]) -> list[Tensor]:
         for request in requests:
             request.wait()
         return buffers
@@ -180,13 +180,21 @@ class _RingAttention(torch.autograd.Function):
     keeps its partial results in float32)."""
 
     @staticmethod
-    def forward(q, k, v, is_causal, scale, group, block_size):
+    def forward(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        is_causal: bool,
+        scale: float,
+        group: Any,
+        block_size: int | tuple[int, int] | None,
+    ) -> tuple[Tensor, Tensor]:
         ring = _Ring(group)
-        kw = {"scale": scale, "block_size": block_size, "return_lse": True}
         acc = torch.promote_types(q.dtype, torch.float32)
         q_acc = q.to(acc)
         blocks = [k.contiguous(), v.contiguous()]
-        out = lse = None
+        out: Tensor | None = None
+        lse: Tensor | None = None
         for step in range(ring.world):
             src = ring.owner(step)
             # Start passing this block on before computing with it: the transfer
@@ -195,20 +203,24 @@ class _RingAttention(torch.autograd.Function):
             if not is_causal or src <= ring.rank:  # later blocks: all masked
                 o, lse_o = flash_attention(
                     q_acc,
-                    *(b.to(acc) for b in blocks),
+                    blocks[0].to(acc),
+                    blocks[1].to(acc),
                     is_causal=is_causal and src == ring.rank,
-                    **kw,
+                    scale=scale,
+                    block_size=block_size,
+                    return_lse=True,
                 )
-                if out is None:
+                if out is None or lse is None:
                     out, lse = o, lse_o
                 else:
                     out, lse = merge_attention_states(out, lse, o, lse_o)
             if pending is not None:
                 blocks = ring.finish(*pending)
+        assert out is not None and lse is not None  # the own block is never skipped
         return out, lse
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         q, k, v, is_causal, scale, group, block_size = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
@@ -216,11 +228,12 @@ class _RingAttention(torch.autograd.Function):
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_lse):
+    def backward(
+        ctx: Any, grad_out: Tensor, _grad_lse: Tensor | None
+    ) -> tuple[Any, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         is_causal, scale, group, block_size = ctx.args
         ring = _Ring(group)
-        kw = {"scale": scale, "block_size": block_size}
         acc = torch.promote_types(q.dtype, torch.float32)
         q_acc, grad_out = q.to(acc), grad_out.to(acc)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -233,8 +246,9 @@ class _RingAttention(torch.autograd.Function):
                 # This block's share of the gradients: the weights come from the
                 # merged logsumexp, so no other block is needed.
                 dq_s, dk_s, dv_s = flash_attention_backward(
-                    q_acc, *(b.to(acc) for b in blocks), out, lse, grad_out,
-                    is_causal=is_causal and src == ring.rank, **kw,
+                    q_acc, blocks[0].to(acc), blocks[1].to(acc), out, lse, grad_out,
+                    is_causal=is_causal and src == ring.rank, scale=scale,
+                    block_size=block_size,
                 )  # fmt: skip
                 dq += dq_s
                 grads[0] += dk_s
@@ -354,16 +368,19 @@ def run_ring_attention(
                 p.join(timeout=5)
     ranks = [gathered[r] for r in range(world_size)]
     out = torch.cat([torch.from_numpy(r["out"]) for r in ranks], dim=-2)
-    grads = None
+    grads: tuple[Tensor, Tensor, Tensor] | None = None
     if grad_output is not None:
-        grads = tuple(
-            torch.cat([torch.from_numpy(r["grads"][i]) for r in ranks], dim=-2)
+        dq, dk, dv = (
+            torch.cat([torch.from_numpy(r["grads"][i]) for r in ranks], dim=-2).to(
+                q.dtype
+            )
             for i in range(3)
         )
+        grads = (dq, dk, dv)
     peaks = [r["peak"] for r in ranks]
     return RingRun(
         out.to(q.dtype),
-        None if grads is None else tuple(g.to(q.dtype) for g in grads),
+        grads,
         [r["input_bytes"] for r in ranks],
         None if None in peaks else peaks,
     )
@@ -381,11 +398,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _collect(results, procs, world_size: int, timeout: float) -> dict:
+def _collect(
+    results: Any, procs: list[Any], world_size: int, timeout: float
+) -> dict[int, dict[str, Any]]:
     import queue
     import time
 
-    gathered, deadline = {}, time.monotonic() + timeout
+    gathered: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
     while len(gathered) < world_size:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -429,13 +449,21 @@ def _reset_peak() -> bool:
         return False
 
 
-def _numpy(t: Tensor):
+def _numpy(t: Tensor) -> Any:
     """``t`` as a NumPy array, half precision widened exactly to float32 (NumPy has no
     bfloat16); :func:`run_ring_attention` casts the results back."""
     return t.detach().to(torch.promote_types(t.dtype, torch.float32)).numpy()
 
 
-def _worker(rank, world_size, port, blocks, grad_out, options, results):
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    blocks: list[Tensor],
+    grad_out: Tensor | None,
+    options: dict[str, Any],
+    results: Any,
+) -> None:
     """One rank of :func:`run_ring_attention` (runs in a spawned process)."""
     import torch.distributed as dist
 
@@ -466,7 +494,9 @@ def _worker(rank, world_size, port, blocks, grad_out, options, results):
             "out": _numpy(out),
             "grads": None if grads is None else [_numpy(g) for g in grads],
             "input_bytes": sum(t.numel() * t.element_size() for t in blocks),
-            "peak": None if peak is None else max(peak - before, 0) * 1024,
+            "peak": None
+            if peak is None or before is None
+            else max(peak - before, 0) * 1024,
         }
         dist.barrier()
         results.put((rank, payload))

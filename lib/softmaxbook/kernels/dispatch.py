@@ -23,6 +23,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -104,7 +105,9 @@ def interpreter_enabled() -> bool:
     return value in {"1", "true", "on", "yes"}
 
 
-def explain_dispatch(op: str, *tensors: torch.Tensor, **options) -> DispatchDecision:
+def explain_dispatch(
+    op: str, *tensors: torch.Tensor, **options: Any
+) -> DispatchDecision:
     """Report which code path ``op`` takes on ``tensors`` (and, for attention,
     ``options``), and why.
 
@@ -211,7 +214,14 @@ def kernel_decision(op: str, *tensors: torch.Tensor) -> DispatchDecision:
 
 
 def _decide(
-    op, *, device_types, dtypes, needs_grad, width, have_triton, interpreter
+    op: str,
+    *,
+    device_types: set[str],
+    dtypes: set[torch.dtype],
+    needs_grad: bool,
+    width: int,
+    have_triton: bool,
+    interpreter: bool,
 ) -> DispatchDecision:
     """The dispatch rule itself, on plain facts (testable without a GPU).
 
@@ -219,7 +229,7 @@ def _decide(
     (``D`` of q and k, ``Dv`` of v) for ``"flash_attention"``.
     """
 
-    def torch_path(reason):
+    def torch_path(reason: str) -> DispatchDecision:
         return DispatchDecision(op, "torch", reason)
 
     if device_types != {"cuda"}:
@@ -281,12 +291,12 @@ def sdpa_decision(
     softmax: bool,
     sinks: bool,
     return_weights: bool,
-    device_types: set,
-    ndims: tuple,
+    device_types: set[str],
+    ndims: tuple[int, ...],
     empty: bool,
     dtype: torch.dtype,
     transforms: bool,
-    bounded,
+    bounded: Callable[[], bool],
 ) -> tuple[str, str]:
     """The rule of :func:`~softmaxbook.scaled_dot_product_attention`, on plain facts.
 
@@ -310,7 +320,7 @@ def sdpa_decision(
     recomputed explicitly.
     """
 
-    def explicit_path(reason):
+    def explicit_path(reason: str) -> tuple[str, str]:
         return "explicit", reason
 
     if explicit:

@@ -4,6 +4,7 @@ pluggable."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -133,7 +134,7 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int | None = None, **attention
+        self, d_model: int, n_heads: int, d_ff: int | None = None, **attention: Any
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
@@ -266,6 +267,7 @@ class TinyTransformer(nn.Module):
         nn.init.normal_(self.token_embedding.weight, generator=generator)
         nn.init.normal_(self.position_embedding, generator=generator)
         for block in self.blocks:
+            assert isinstance(block, TransformerBlock)  # for the type checker
             d_model = block.attn.qkv.in_features
             block.attn.qkv.weight[: 2 * d_model].mul_(init_gain)  # the W_Q and W_K rows
 
