@@ -2,7 +2,7 @@
 
 Used by every script in ``benchmarks/`` (performance is measured here, never
 in the tests). The wall-clock timer and the machine line are the library's
-(:mod:`softmaxbook.timing`), so that chapters and benchmarks measure alike.
+(:mod:`bookkit.timing`), so that chapters and benchmarks measure alike.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from softmaxbook.timing import machine_info, time_call
+from bookkit.timing import machine_info, time_call
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -8,7 +8,10 @@ attention gets its own copy of one initialization and sees the same batches:
 
 - ``torch``: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``
 - ``sb.sdpa``: ``sb.scaled_dot_product_attention(is_causal=True)``
-- ``sb.flash``: ``sb.flash_attention(is_causal=True)``
+- ``sb.flash``: ``sb.flash_attention(is_causal=True)`` (on the CPU: torch's own
+  FlashAttention kernel, inside the library's ``FlashAttention`` autograd Function)
+- ``sb.tiles`` (not run by default; ``--variants``): ``sb.flash_attention(...,
+  explicit=True)``, the library's tile loops
 
 and the same three with a padding mask (the last quarter of every other sequence
 is padding, combined with the causal mask as one boolean ``(B, 1, T, T)`` mask),
@@ -38,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import bookkit as bk
 import softmaxbook as sb
 from _timing import load_average
 
@@ -65,7 +69,19 @@ def _sb_flash(q, k, v, mask):
     return sb.flash_attention(q, k, v, mask=mask)
 
 
-ATTENTIONS = {"torch": _torch, "sb.sdpa": _sb_sdpa, "sb.flash": _sb_flash}
+def _sb_flash_tiles(q, k, v, mask):
+    """The library's own tile loops (explicit=True), the algorithm the book teaches."""
+    if mask is None:
+        return sb.flash_attention(q, k, v, is_causal=True, explicit=True)
+    return sb.flash_attention(q, k, v, mask=mask, explicit=True)
+
+
+ATTENTIONS = {
+    "torch": _torch,
+    "sb.sdpa": _sb_sdpa,
+    "sb.flash": _sb_flash,
+    "sb.tiles": _sb_flash_tiles,
+}
 
 
 class Block(nn.Module):
@@ -183,7 +199,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(sb.machine_info())
+    print(bk.machine_info())
     print(
         f"GPT: {N_LAYER} layers, {N_HEAD} heads, n_embd {N_EMBD}, batch {BATCH}, "
         f"vocab {VOCAB}, AdamW, float32, CPU; {torch.get_num_threads()} torch "

@@ -1,8 +1,8 @@
 """Re-run chapter 9's seed sweep and store it in the package: ``make experiments``.
 
-Trains every variant of :mod:`softmaxbook.models.case_study` with every seed
+Trains every variant of :mod:`bookkit.studies.case_study` with every seed
 (minutes on two cores, one thread per worker process) and writes the result
-to ``lib/softmaxbook/data/case_study_sweep.json``, which chapter 9 plots and
+to ``lib/bookkit/data/case_study_sweep.json``, which chapter 9 plots and
 asserts on and ``tests/test_experiments.py`` partly re-checks. Run it after
 any change to the recipe, the model or the training code::
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from softmaxbook.models import case_study as cs
-from softmaxbook.timing import machine_info
+from bookkit.studies import case_study as cs
+from bookkit.timing import machine_info
 
 
 def _dumps(record: dict) -> str:
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     seeds = cs.SEEDS[: args.seeds]
     runs = cs.sweep(args.variants, seeds, workers=args.workers)
     record = {
-        "description": "Chapter 9's seed sweep (softmaxbook.models.case_study)",
+        "description": "Chapter 9's seed sweep (bookkit.studies.case_study)",
         "recipe": dict(
             n_pairs=cs.N_PAIRS,
             n_keys=cs.N_KEYS,

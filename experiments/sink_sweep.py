@@ -1,8 +1,8 @@
 """Re-run chapter 10's attention-sink sweep and store it in the package.
 
-Trains every variant of :mod:`softmaxbook.models.sink_study` with every seed
+Trains every variant of :mod:`bookkit.studies.sink_study` with every seed
 (minutes on two cores, one thread per worker process) and writes the result
-to ``lib/softmaxbook/data/sink_sweep.json``, which chapter 10 plots and
+to ``lib/bookkit/data/sink_sweep.json``, which chapter 10 plots and
 asserts on and ``tests/test_sink_sweep.py`` partly re-checks. Run it after any
 change to the task, the recipe, the model or the training code
 (``make experiments`` runs it with chapter 9's sweep)::
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from softmaxbook.models import sink_study as ss
+from bookkit.studies import sink_study as ss
 
 
 def _dumps(record: dict) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 L = "lib/softmaxbook/"
+B = "lib/bookkit/"  # the book's harness
 FAST = ["-p", "no:nbval", "-o", "addopts=", "-q", "-x", "-m", "not slow"]
 
 # (what the bug is, file, original text, mutated text, tests that should catch it)
@@ -168,10 +169,10 @@ M = [
     ),
     (
         "loss scored at the first position instead of the last",
-        L + "models/training.py",
+        B + "studies/training.py",
         "        logits = logits[:, -1]  # (N, V)",
         "        logits = logits[:, 0]  # (N, V)",
-        ["tests/test_models.py"],
+        ["tests/test_training.py"],
     ),
     (
         "dispatch sends gradient-needing softmax calls to the forward-only kernel",
@@ -205,14 +206,14 @@ M = [
     ),
     (
         "glue rounds to decimals instead of significant digits",
-        L + "notebook.py",
+        B + "notebook.py",
         '    return float(f"{value:.{digits}g}")',
         '    return float(f"{value:.{digits}f}")',
         ["tests/test_notebook.py"],
     ),
     (
         "heatmap drawn transposed",
-        L + "plotting.py",
+        B + "plotting.py",
         "        m, cmap=cmap, vmin=vmin, vmax=vmax,",
         "        m.T, cmap=cmap, vmin=vmin, vmax=vmax,",
         ["tests/test_plotting.py"],

@@ -8,6 +8,8 @@ changes only on purpose (add the new name to PUBLIC below in the same commit).
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -57,15 +59,10 @@ PUBLIC = {
     "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
     # models
     "make_associative_recall", "MultiHeadAttention", "TransformerBlock",
-    "TinyTransformer", "TrainingHistory", "train", "evaluate",
+    "TinyTransformer",
     # devices and the kernel dispatch
     "get_device", "DEVICE_ENV_VAR", "explain_dispatch", "DispatchDecision",
     "triton_available",
-    # notebooks and figures
-    "setup_notebook", "glue", "PALETTE", "use_style", "plot_distribution",
-    "plot_curves", "plot_heatmap",
-    # timing cells
-    "time_call", "machine_info",
     # modules and the version
     "reference", "kernels", "checks", "__version__",
 }  # fmt: skip
@@ -92,9 +89,8 @@ MODULE_PATHS = {
                              "expected_calibration_error", "reliability_table",
                              "fit_temperature", "ReliabilityTable", "min_p_filter",
                              "speculative_accept", "SpeculativeResult"],
-    "softmaxbook.models": ["make_associative_recall", "TinyTransformer", "train",
-                           "evaluate", "TrainingHistory", "MultiHeadAttention",
-                           "TransformerBlock"],
+    "softmaxbook.models": ["make_associative_recall", "TinyTransformer",
+                           "MultiHeadAttention", "TransformerBlock"],
     "softmaxbook.reference": ["naive_softmax", "softmax", "log_softmax", "logsumexp",
                               "online_softmax", "sparsemax"],
 }  # fmt: skip
@@ -190,3 +186,50 @@ def test_the_checkers_are_imported_on_first_use():
     subprocess.run([sys.executable, "-c", code], check=True)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         sb.no_such_name  # noqa: B018
+
+
+# The book's harness left the library in 0.2 (it is the package bookkit): each old
+# name fails with a message that says where it went, and looking it up does not
+# import bookkit (a course installs softmaxbook alone).
+MOVED_TO_BOOKKIT = {
+    "softmaxbook": ["setup_notebook", "glue", "PALETTE", "use_style",
+                    "plot_distribution", "plot_curves", "plot_heatmap", "time_call",
+                    "machine_info", "train", "evaluate", "TrainingHistory",
+                    "notebook", "plotting", "timing"],
+    "softmaxbook.models": ["train", "evaluate", "TrainingHistory", "training",
+                           "case_study", "sink_study"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [(module, name) for module, names in MOVED_TO_BOOKKIT.items() for name in names],
+)
+def test_a_name_moved_to_bookkit_says_where_it_went(module, name):
+    code = (
+        f"import sys, {module} as m\n"
+        f"try:\n    m.{name}\n"
+        "except AttributeError as e:\n    print(e)\n"
+        "else:\n    raise SystemExit('no AttributeError')\n"
+        "assert 'bookkit' not in sys.modules, 'the lookup imported bookkit'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert f"{module}.{name} moved to bookkit: use bookkit." in done.stdout
+    new = done.stdout.split(": use ")[1].split()[0]  # e.g. bookkit.studies.case_study
+    assert _resolves(new), f"the message names {new}, which does not exist"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute of a module."""
+    parent, _, attr = dotted.rpartition(".")
+    if hasattr(importlib.import_module(parent), attr):
+        return True
+    return importlib.util.find_spec(dotted) is not None
+
+
+def test_the_harness_names_are_not_public_api():
+    moved = {name for names in MOVED_TO_BOOKKIT.values() for name in names}
+    assert not moved & set(sb.__all__)
+    assert not {"train", "evaluate", "TrainingHistory"} & set(sb.models.__all__)

@@ -100,7 +100,7 @@ def _significant_digits(float_repr: str) -> int:
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_page_id)
 def test_glued_floats_are_rounded(notebook):
-    """A glued float carries at most 6 significant digits, never a full repr (sb.glue's
+    """A glued float carries at most 6 significant digits, never a full repr (bk.glue's
     rule)."""
     nb = json.loads(notebook.read_text())
     too_long = []

@@ -1,4 +1,4 @@
-"""Chapter 9's stored seed sweep is what softmaxbook.models.case_study makes.
+"""Chapter 9's stored seed sweep is what bookkit.studies.case_study makes.
 
 ``make experiments`` trains every variant of the case study with ten seeds
 (minutes on two cores) and stores it in the package (``cs.load()`` reads it);
@@ -49,7 +49,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from softmaxbook.models import case_study as cs
+from bookkit.studies import case_study as cs
 
 # (variant, seed): re-trained in full and compared with the stored run.
 RERUN = [

@@ -19,6 +19,8 @@ import ast
 import importlib
 import importlib.util
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,7 +173,25 @@ def test_the_graph_is_read():
 
 @pytest.mark.parametrize("module", MODULES)
 def test_the_library_never_imports_the_books_harness(module):
-    # bookkit (diagrams, the claims ledger) serves the book; a course installs
-    # softmaxbook alone.
+    # bookkit (glue, figures, timing, the studies, diagrams, the claims ledger)
+    # serves the book; a course installs softmaxbook alone.
     harness = [name for name, _ in _imports(module) if name.split(".")[0] == "bookkit"]
     assert not harness, f"{module} imports the book's harness: {harness}"
+
+
+def test_importing_every_module_of_the_library_leaves_the_harness_alone():
+    # The static check above reads import statements; this one runs them, so an
+    # import hidden in a string (importlib, __import__) is caught too.
+    code = (
+        "import importlib, sys\n"
+        f"for name in {MODULES!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError:\n"
+        "        pass  # an optional dependency (triton): test_every_module_imports\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'bookkit'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", f"softmaxbook imports {done.stdout}"

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+import bookkit as bk
 import softmaxbook as sb
-from softmaxbook.notebook import MAX_GLUE_DIGITS, _rounded
+from bookkit.notebook import MAX_GLUE_DIGITS, _rounded
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_rounded_rejects_bad_types():
 
 
 def test_glue_returns_none_so_a_cell_ending_in_glue_shows_nothing():
-    assert sb.glue("x", 0.123456789) is None
+    assert bk.glue("x", 0.123456789) is None
 
 
 def test_glue_records_the_rounded_value(monkeypatch):
@@ -74,16 +75,16 @@ def test_glue_records_the_rounded_value(monkeypatch):
     monkeypatch.setattr(
         myst_nb, "glue", lambda name, value, display: recorded.update({name: value})
     )
-    sb.glue("ratio", 316.22776601683796)
-    sb.glue("fine", 316.22776601683796, digits=6)
-    sb.glue("count", 26800)
+    bk.glue("ratio", 316.22776601683796)
+    bk.glue("fine", 316.22776601683796, digits=6)
+    bk.glue("count", 26800)
     assert recorded == {"ratio": 316.2, "fine": 316.228, "count": 26800}
 
 
 def test_setup_notebook_seeds_and_returns_a_device():
-    device = sb.setup_notebook(seed=3)
+    device = bk.setup_notebook(seed=3)
     a = torch.rand(3)
-    sb.setup_notebook(seed=3)
+    bk.setup_notebook(seed=3)
     assert torch.equal(a, torch.rand(3)) and isinstance(device, torch.device)
 
 
@@ -103,7 +104,7 @@ def _without(monkeypatch, *names):
 def test_setup_notebook_names_a_missing_package_and_the_install_line(monkeypatch):
     _without(monkeypatch, "entmax")
     with pytest.raises(ImportError) as error:
-        sb.setup_notebook(seed=0, requires=("entmax", "torch"))
+        bk.setup_notebook(seed=0, requires=("entmax", "torch"))
     message = str(error.value)
     assert "This notebook needs entmax, which is not installed" in message
     assert 'pip install "softmaxbook[book]"' in message
@@ -113,17 +114,17 @@ def test_setup_notebook_names_a_missing_package_and_the_install_line(monkeypatch
 def test_setup_notebook_lists_every_missing_package(monkeypatch):
     _without(monkeypatch, "entmax", "tqdm", "no_such_package")
     with pytest.raises(ImportError, match="entmax and tqdm and no_such_package") as e:
-        sb.setup_notebook(requires=["entmax", "tqdm", "no_such_package"])
+        bk.setup_notebook(requires=["entmax", "tqdm", "no_such_package"])
     assert 'pip install "softmaxbook[book]" && pip install no_such_package' in str(
         e.value
     )
 
 
 def test_setup_notebook_with_installed_requirements_returns_the_device():
-    assert sb.setup_notebook(seed=0, requires=("numpy", "torch")) == sb.get_device()
-    assert sb.setup_notebook(seed=0, requires="numpy") == sb.get_device()  # one name
+    assert bk.setup_notebook(seed=0, requires=("numpy", "torch")) == sb.get_device()
+    assert bk.setup_notebook(seed=0, requires="numpy") == sb.get_device()  # one name
     with pytest.raises(TypeError, match="names of packages"):
-        sb.setup_notebook(requires=(1,))
+        bk.setup_notebook(requires=(1,))
 
 
 def test_train_with_a_progress_bar_says_how_to_get_tqdm(monkeypatch):
@@ -131,4 +132,4 @@ def test_train_with_a_progress_bar_says_how_to_get_tqdm(monkeypatch):
     data = sb.make_associative_recall(8, n_pairs=2, n_keys=2, n_values=2)
     model = sb.TinyTransformer(4, 5, d_model=8, n_heads=2, n_layers=1)
     with pytest.raises(ImportError, match=r"train\(progress=True\) needs tqdm.*book"):
-        sb.train(model, data, steps=1, progress=True, track_attention=False)
+        bk.train(model, data, steps=1, progress=True, track_attention=False)

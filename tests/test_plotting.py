@@ -1,4 +1,4 @@
-"""softmaxbook.plotting: the figure helpers draw what they are given, in any dtype."""
+"""bookkit.plotting: the figure helpers draw what they are given, in any dtype."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import bookkit as bk
 import softmaxbook as sb
 
 
@@ -25,7 +26,7 @@ def _close_figures():
 )
 def test_plot_distribution_draws_the_values_in_any_dtype(dtype):
     values = torch.tensor([0.25, 0.5, 0.125, 0.125], dtype=dtype)
-    ax = sb.plot_distribution(values, title="weights", xlabel="key", ylabel="weight")
+    ax = bk.plot_distribution(values, title="weights", xlabel="key", ylabel="weight")
     heights = [bar.get_height() for bar in ax.patches]
     np.testing.assert_array_equal(heights, [0.25, 0.5, 0.125, 0.125])  # exact in bf16
     assert ax.get_title() == "weights" and ax.get_xlabel() == "key"
@@ -37,7 +38,7 @@ def test_plot_distribution_draws_the_values_in_any_dtype(dtype):
 )
 def test_plot_heatmap_draws_the_matrix_in_any_dtype(dtype):
     matrix = torch.tensor([[1.0, 0.0, 0.5], [0.25, 1.0, 0.0]]).to(dtype)
-    ax = sb.plot_heatmap(matrix, title="map", annotate=True)
+    ax = bk.plot_heatmap(matrix, title="map", annotate=True)
     drawn = ax.images[0].get_array()
     np.testing.assert_array_equal(np.asarray(drawn), matrix.float().numpy())
     assert ax.get_title() == "map" and ax.get_ylabel() == "query position"
@@ -45,21 +46,21 @@ def test_plot_heatmap_draws_the_matrix_in_any_dtype(dtype):
 
 
 def test_plot_curves_one_line_per_curve_with_a_legend():
-    ax = sb.plot_curves([1, 2, 3], {"a": [1, 2, 3], "b": torch.tensor([3.0, 2.0, 1.0])})
+    ax = bk.plot_curves([1, 2, 3], {"a": [1, 2, 3], "b": torch.tensor([3.0, 2.0, 1.0])})
     assert [line.get_label() for line in ax.lines] == ["a", "b"]
     np.testing.assert_array_equal(ax.lines[1].get_ydata(), [3.0, 2.0, 1.0])
     assert ax.get_legend() is not None
 
 
 def test_use_style_sets_the_palette():
-    sb.use_style()
+    bk.use_style()
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    assert colors == sb.PALETTE
+    assert colors == bk.PALETTE
     assert matplotlib.rcParams["figure.facecolor"] == "white"
 
 
 def test_shape_errors():
     with pytest.raises(ValueError, match="one-dimensional"):
-        sb.plot_distribution(torch.zeros(2, 2))
+        bk.plot_distribution(torch.zeros(2, 2))
     with pytest.raises(ValueError, match="two-dimensional"):
-        sb.plot_heatmap(torch.zeros(3))
+        bk.plot_heatmap(torch.zeros(3))

@@ -1,8 +1,8 @@
-"""Chapter 10's stored attention-sink sweep is what softmaxbook.models.sink_study makes.
+"""Chapter 10's stored attention-sink sweep is what bookkit.studies.sink_study makes.
 
 ``make experiments`` (the script ``experiments/sink_sweep.py``) trains five
 attention variants with five seeds each (minutes on two cores) and stores them
-in the package (``ss.load()`` reads ``softmaxbook/data/sink_sweep.json``);
+in the package (``ss.load()`` reads ``bookkit/data/sink_sweep.json``);
 chapter 10 reads that file and asserts its claims on it. These tests check
 that the file still describes the module, that the task and the measurements
 do what they say, that the script stores what ``load()`` reads, and re-train
@@ -31,8 +31,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import bookkit as bk
 import softmaxbook as sb
-from softmaxbook.models import sink_study as ss
+from bookkit.studies import sink_study as ss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +120,7 @@ def test_every_stored_run_starts_where_the_script_starts(stored):
     for (variant, seed), run in runs.items():
         model = ss.new_model(seed, **ss.VARIANTS[variant])
         held_out = data[ss.VARIANTS[variant].get("bos", True)]
-        loss = sb.evaluate(model, held_out)["loss"]
+        loss = bk.evaluate(model, held_out)["loss"]
         assert abs(loss - run["loss"][0]) < 1e-3, (variant, seed)
 
 
@@ -177,8 +178,8 @@ def test_the_script_writes_what_load_reads(stored, tmp_path, monkeypatch):
 def test_the_sweep_ships_with_the_package():
     """pyproject's package data carries the file: chapter 10 runs installed."""
     assert ss.DATA_FILE.parent.name == "data"
-    assert ss.DATA_FILE.parent.parent == Path(sb.__file__).resolve().parent
+    assert ss.DATA_FILE.parent.parent == Path(bk.__file__).resolve().parent
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["softmaxbook"]
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["bookkit"]
     name = ss.DATA_FILE.relative_to(ss.DATA_FILE.parents[1]).as_posix()
     assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), patterns

@@ -30,15 +30,12 @@ from . import (
     masking,
     models,
     normalizers,
-    notebook,
     online,
     patterns,
-    plotting,
     reference,
     ring,
     sampling,
     selective,
-    timing,
 )
 from .analysis import *  # noqa: F403
 from .attention import *  # noqa: F403
@@ -72,14 +69,11 @@ from .normalizers import (
     stick_breaking,
     yarn_logit_scale,
 )
-from .notebook import *  # noqa: F403
 from .online import *  # noqa: F403
 from .patterns import *  # noqa: F403
-from .plotting import *  # noqa: F403
 from .ring import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .selective import *  # noqa: F403
-from .timing import *  # noqa: F403
 
 if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
     from . import checks
@@ -126,9 +120,6 @@ __all__ = [
     *models.__all__,
     *device.__all__,
     *kernels.dispatch.__all__,
-    *notebook.__all__,
-    *plotting.__all__,
-    *timing.__all__,
     "reference",
     "kernels",
     "checks",
@@ -141,9 +132,35 @@ __all__ = [
 _LAZY = {"checks"}
 
 
-def __getattr__(name: str):
+# The book's harness moved to the package ``bookkit`` in 0.2 (a course installs
+# softmaxbook alone): each old name says where it went, without importing bookkit.
+_MOVED_TO_BOOKKIT = {
+    "setup_notebook": "bookkit.setup_notebook",
+    "glue": "bookkit.glue",
+    "PALETTE": "bookkit.PALETTE",
+    "use_style": "bookkit.use_style",
+    "plot_distribution": "bookkit.plot_distribution",
+    "plot_curves": "bookkit.plot_curves",
+    "plot_heatmap": "bookkit.plot_heatmap",
+    "time_call": "bookkit.time_call",
+    "machine_info": "bookkit.machine_info",
+    "train": "bookkit.train",
+    "evaluate": "bookkit.evaluate",
+    "TrainingHistory": "bookkit.TrainingHistory",
+    "notebook": "bookkit.notebook",
+    "plotting": "bookkit.plotting",
+    "timing": "bookkit.timing",
+}
+
+
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    if name in _MOVED_TO_BOOKKIT:
+        raise AttributeError(
+            f"softmaxbook.{name} moved to bookkit: use {_MOVED_TO_BOOKKIT[name]} "
+            "(import bookkit; pip install -e . installs both packages)"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -2,7 +2,7 @@
 
 Coordinates are data units on an axes with equal aspect and no ticks, so a
 diagram is laid out like a drawing on squared paper. Colours come from the
-book's palette (``softmaxbook.plotting.PALETTE``) on an opaque white
+book's palette (``bookkit.PALETTE``) on an opaque white
 background, which reads the same in the website's light and dark modes.
 Text is at least 9 points: a 6.4-inch figure shown 358 px wide on a phone
 keeps it legible.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from softmaxbook.plotting import PALETTE, use_style
+from ..plotting import PALETTE, use_style
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is made
     from matplotlib.axes import Axes

@@ -5,7 +5,7 @@ Transformer blocks (pre-LayerNorm attention and MLP, each added to the
 residual stream) and is read out at its last position. The normalizer of the
 attention, the one thing the chapter varies, is drawn in its own colour with
 the variants of the seed sweep. Every size is read from the chapter's recipe
-(``softmaxbook.models.case_study``) and from a model it builds, so the drawing
+(``bookkit.studies.case_study``) and from a model it builds, so the drawing
 cannot drift from the code it explains.
 """
 
@@ -37,7 +37,7 @@ def model_sizes() -> dict:
     ``n_heads``, ``d_head``, ``n_layers``, ``d_ff``, ``n_params`` and
     ``normalizers`` (the normalizers the seed sweep trains).
     """
-    from softmaxbook.models import case_study as cs
+    from bookkit.studies import case_study as cs
 
     model = cs.new_model(seed=1)
     block = model.blocks[0]
@@ -61,14 +61,14 @@ def model_sizes() -> dict:
 def _example_tokens() -> tuple[list[int], int]:
     """The first held-out sequence of the recipe (the chapter's example), and its
     answer."""
-    from softmaxbook.models import case_study as cs
+    from bookkit.studies import case_study as cs
 
     _, (tokens, targets) = cs.make_data()
     return tokens[0].tolist(), int(targets[0])
 
 
 def _name(token: int) -> str:
-    from softmaxbook.models import case_study as cs
+    from bookkit.studies import case_study as cs
 
     return f"k{token}" if token < cs.N_KEYS else f"v{token - cs.N_KEYS}"
 

@@ -71,7 +71,7 @@ def draw_float_ranges(dtypes=None, *, title: str = "") -> Figure:
     import matplotlib.pyplot as plt
     import torch
 
-    from softmaxbook.plotting import use_style
+    from bookkit.plotting import use_style
 
     if dtypes is None:
         dtypes = (torch.float32, torch.float16, torch.bfloat16)

@@ -270,7 +270,7 @@ def draw_draft_tree(
     """
     import matplotlib.pyplot as plt
 
-    from softmaxbook.plotting import use_style
+    from bookkit.plotting import use_style
 
     n, prefix = len(parents), len(prefix_words)
     mask = tree_attention_mask(parents, prefix)

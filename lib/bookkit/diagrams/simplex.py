@@ -84,7 +84,7 @@ def draw_simplex_maps(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Polygon
 
-    from softmaxbook.plotting import use_style
+    from bookkit.plotting import use_style
 
     if maps is None:
         import softmaxbook as sb

@@ -2,7 +2,7 @@
 
 :func:`draw_sinks` draws a schematic attention map with a sink column next to
 the weights the book's own sink study measured per head
-(``softmaxbook.models.sink_study``, stored in ``sink_sweep.json``).
+(``bookkit.studies.sink_study``, stored in ``sink_sweep.json``).
 :func:`draw_kv_eviction` draws the full key-value cache and what three eviction
 policies keep of it for the next query.
 """
@@ -57,7 +57,7 @@ def draw_sinks(
     (columns), drawn by hand to show the pattern (marked *schematic*): each
     query puts most of its weight on key 0. Right: for each variant in
     ``variants``, a grid of seeds (rows) by heads (columns) from ``sweep``
-    (``softmaxbook.models.sink_study.load()``), each cell shaded and labelled
+    (``bookkit.studies.sink_study.load()``), each cell shaded and labelled
     with the mean weight that head puts on the first token (``key``,
     ``"bos_none"``: at queries with nothing to read); heads above
     ``threshold`` (Gu et al.'s 0.3 for a sink head) are outlined.

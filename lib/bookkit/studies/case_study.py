@@ -9,9 +9,9 @@ trains every variant with every seed of :data:`SEEDS`, on several processes
 with one thread each; ``make experiments`` (the script
 ``experiments/case_study_sweep.py``) runs it and stores what the chapter plots
 and asserts in the package, where :func:`load` reads it, so the chapter runs
-from an installed ``softmaxbook`` too (in Colab, say)::
+from an installed ``bookkit`` too (in Colab, say)::
 
-    from softmaxbook.models import case_study as cs
+    from bookkit.studies import case_study as cs
     stored = cs.load()                      # the sweep as it was measured
     fresh = cs.run("sparsemax", seed=11)    # one run again, about 10 s on a CPU
 
@@ -28,18 +28,26 @@ another CPU gives results that differ from about the third digit on.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
-from ..analysis import attention_distance, attention_entropy, attention_sparsity
-from ..masking import causal_mask
+from softmaxbook import (
+    TinyTransformer,
+    attention_distance,
+    attention_entropy,
+    attention_sparsity,
+    causal_mask,
+    make_associative_recall,
+)
+
 from . import training
-from .data import make_associative_recall
 from .training import TrainingHistory, evaluate
-from .transformer import TinyTransformer
 
 #: Where the stored sweep lives: package data, so an installed library has it.
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "case_study_sweep.json"
@@ -48,14 +56,14 @@ DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "case_study_sweep.jso
 N_PAIRS, N_KEYS, N_VALUES = 4, 8, 8
 VOCAB, LENGTH = N_KEYS + N_VALUES, 2 * N_PAIRS + 1
 DATA_SEED, N_TRAIN, N_TEST = 0, 20_000, 2_000
-CONFIG = {"d_model": 32, "n_heads": 2, "n_layers": 2}
+CONFIG: dict[str, Any] = {"d_model": 32, "n_heads": 2, "n_layers": 2}
 TRAIN = {"steps": 600, "batch_size": 64, "lr": 3e-3, "warmup": 50, "eval_every": 50}
 PROBE = 500  # held-out sequences for the statistics at initialization
 SATURATED = 0.9  # a row whose largest weight exceeds this is saturated
 SOLVED = 0.95  # the held-out accuracy that counts as solving the task
 
 # Each variant: the arguments of TinyTransformer that differ from softmax.
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "softmax": {},
     "softmax_one": {"normalizer": "softmax_one"},
     "unscaled": {"scale": 1.0},
@@ -80,7 +88,7 @@ Data = tuple[Pair, Pair]  # (training set, held-out set)
 def make_data() -> Data:
     """The training and the held-out set, the same in every run."""
     generator = torch.Generator().manual_seed(DATA_SEED)
-    task = {
+    task: dict[str, Any] = {
         "n_pairs": N_PAIRS,
         "n_keys": N_KEYS,
         "n_values": N_VALUES,
@@ -91,14 +99,19 @@ def make_data() -> Data:
     return train, test
 
 
-def new_model(seed: int = 1, **variant) -> TinyTransformer:
+def new_model(seed: int = 1, **variant: Any) -> TinyTransformer:
     """The chapter's model initialized from ``seed``; ``variant``: VARIANTS."""
     generator = torch.Generator().manual_seed(seed)
     return TinyTransformer(VOCAB, LENGTH, **CONFIG, **variant, generator=generator)
 
 
 def fit(
-    model, data: Data, seed: int = 1, *, progress: bool = False, **overrides
+    model: nn.Module,
+    data: Data,
+    seed: int = 1,
+    *,
+    progress: bool = False,
+    **overrides: Any,
 ) -> TrainingHistory:
     """Train with the chapter's recipe; minibatches drawn with ``seed + 1``."""
     train, test = data
@@ -123,7 +136,9 @@ def saturation(weights: torch.Tensor) -> torch.Tensor:
     return (rows.amax(-1) > SATURATED).float().mean(dim=(0, -1))
 
 
-def head_scores(weights: torch.Tensor, tokens: torch.Tensor):
+def head_scores(
+    weights: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-head previous-token, answer and key scores, each ``(layers, H)``.
 
     ``weights`` is ``(B, layers, H, L, L)`` for the ``(B, L)`` associative
@@ -142,7 +157,7 @@ def head_scores(weights: torch.Tensor, tokens: torch.Tensor):
     return previous, answer, key
 
 
-def first_step_above(history, level: float = SOLVED):
+def first_step_above(history: TrainingHistory, level: float = SOLVED) -> int | None:
     """The first recorded step with held-out accuracy >= ``level``, or None."""
     return next(
         (
@@ -158,18 +173,18 @@ def _round(x: float) -> float:
     return float(f"{x:.{DIGITS}g}")
 
 
-def _rounded(t: torch.Tensor) -> list | float:
+def _rounded(t: torch.Tensor) -> list[Any] | float:
     """A tensor as (nested lists of) rounded floats."""
     return [_rounded(x) for x in t] if t.dim() else _round(t.item())
 
 
-def _maps(model, tokens: torch.Tensor) -> torch.Tensor:
+def _maps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         _, weights = model(tokens, return_weights=True)
     return weights  # (B, layers, H, L, L)
 
 
-def init_statistics(variant: str, seed: int, tokens: torch.Tensor) -> dict:
+def init_statistics(variant: str, seed: int, tokens: torch.Tensor) -> dict[str, Any]:
     """Saturation, entropy and exact zeros of a freshly initialized model."""
     model = new_model(seed, **VARIANTS[variant])
     weights = _maps(model, tokens[:PROBE])
@@ -184,7 +199,7 @@ def init_statistics(variant: str, seed: int, tokens: torch.Tensor) -> dict:
     }
 
 
-def run(variant: str, seed: int, data: Data | None = None) -> dict:
+def run(variant: str, seed: int, data: Data | None = None) -> dict[str, Any]:
     """Train one variant with one seed; return what the chapter uses."""
     data = make_data() if data is None else data
     tokens = data[1][0]
@@ -223,7 +238,7 @@ def run(variant: str, seed: int, data: Data | None = None) -> dict:
     )
 
 
-_DATA = None
+_DATA: Data | None = None  # each worker process makes the data once
 
 
 def _init_worker() -> None:
@@ -233,13 +248,16 @@ def _init_worker() -> None:
     _DATA = make_data()
 
 
-def _run_in_worker(variant: str, seed: int) -> dict:
+def _run_in_worker(variant: str, seed: int) -> dict[str, Any]:
     return run(variant, seed, _DATA)
 
 
 def sweep(
-    variants=tuple(VARIANTS), seeds=SEEDS, workers: int = 2, progress: bool = True
-) -> list[dict]:
+    variants: Sequence[str] = tuple(VARIANTS),
+    seeds: Sequence[int] = SEEDS,
+    workers: int = 2,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Every ``(variant, seed)`` run on ``workers`` processes, in order."""
     jobs = [(v, s) for v in variants for s in seeds]
     # Spawned workers start from a fresh interpreter: no threads from fork.
@@ -247,7 +265,7 @@ def sweep(
         workers, mp_context=get_context("spawn"), initializer=_init_worker
     ) as pool:
         futures = {pool.submit(_run_in_worker, v, s): (v, s) for v, s in jobs}
-        done = as_completed(futures)
+        done: Iterable[Future[dict[str, Any]]] = as_completed(futures)
         if progress:
             from tqdm import tqdm
 
@@ -256,6 +274,6 @@ def sweep(
     return [results[job] for job in jobs]
 
 
-def load(path: Path = DATA_FILE) -> dict:
+def load(path: Path = DATA_FILE) -> dict[str, Any]:
     """The stored sweep: recipe, variants, seeds, steps, machine, runs."""
     return json.loads(Path(path).read_text())

@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validate import (
+from softmaxbook import (
+    attention_distance,
+    attention_entropy,
+    attention_sparsity,
+    causal_mask,
+)
+from softmaxbook._validate import (
     check_installed,
     check_nonnegative,
     check_nonnegative_int,
@@ -19,13 +25,14 @@ from .._validate import (
     check_positive_int,
     check_tensor,
 )
-from ..analysis import attention_distance, attention_entropy, attention_sparsity
-from ..masking import causal_mask
 
 __all__ = ["TrainingHistory", "train", "evaluate"]
 
+#: ``(tokens, targets)``: tokens ``(N, L)``, targets ``(N,)`` or ``(N, L)``.
+Pair = tuple[Tensor, Tensor]
 
-def _check_data(data, name: str) -> tuple[Tensor, Tensor]:
+
+def _check_data(data: object, name: str) -> Pair:
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
         raise TypeError(
             f"{name} must be a pair (tokens, targets), got {type(data).__name__}"
@@ -58,13 +65,15 @@ def _loss_and_correct(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data, *, batch_size: int = 1024) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, data: Pair, *, batch_size: int = 1024
+) -> dict[str, float]:
     r"""Mean cross-entropy and accuracy of ``model`` on ``data``:
     :math:`-\frac1N\sum_n \log p(y_n)`.
 
     ``model`` maps ``(B, L)`` tokens to ``(B, L, V)`` logits. Targets of shape
     ``(N,)`` are scored at the last position (as in
-    :func:`make_associative_recall`); targets ``(N, L)`` at every position
+    :func:`softmaxbook.make_associative_recall`); targets ``(N, L)`` at every position
     except those equal to ``-100``. The model is put in eval mode and
     restored afterwards.
 
@@ -145,7 +154,7 @@ def _head_statistics(model: nn.Module, probe: Tensor) -> tuple[Tensor, Tensor, T
 
 def train(
     model: nn.Module,
-    data,
+    data: Pair,
     *,
     steps: int = 1000,
     batch_size: int = 64,
@@ -153,7 +162,7 @@ def train(
     weight_decay: float = 0.0,
     warmup: int = 0,
     max_grad_norm: float | None = 1.0,
-    eval_data=None,
+    eval_data: Pair | None = None,
     eval_every: int = 100,
     track_attention: bool = True,
     probe_size: int = 256,

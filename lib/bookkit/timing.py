@@ -18,16 +18,19 @@ from collections.abc import Callable
 
 import torch
 
-from ._validate import check_positive_int
+from softmaxbook._validate import check_positive_int
 
 __all__ = ["time_call", "machine_info"]
 
-_STATISTICS = {"median": statistics.median, "min": min}
+_STATISTICS: dict[str, Callable[[list[float]], float]] = {
+    "median": statistics.median,
+    "min": min,
+}
 
 
 def time_call(
     fn: Callable[..., object],
-    *args,
+    *args: object,
     repeats: int = 5,
     warmup: int = 1,
     statistic: str = "median",
@@ -78,9 +81,9 @@ def time_call(
 
     Examples
     --------
-    >>> import torch, softmaxbook as sb
+    >>> import torch, bookkit as bk
     >>> x = torch.randn(256, 1024)
-    >>> seconds = sb.time_call(torch.softmax, x, -1, statistic="min", threads=1)
+    >>> seconds = bk.time_call(torch.softmax, x, -1, statistic="min", threads=1)
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -111,9 +114,11 @@ def time_call(
     return _STATISTICS[statistic](times)
 
 
-def _run(fn: Callable[..., object], args: tuple, number: int) -> float:
+def _run(fn: Callable[..., object], args: tuple[object, ...], number: int) -> float:
     """Seconds for ``number`` back-to-back calls, the GPU synchronized around them."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync: Callable[[], None] = (
+        torch.cuda.synchronize if torch.cuda.is_available() else _nothing
+    )
     sync()
     start = time.perf_counter()
     for _ in range(number):
@@ -122,7 +127,11 @@ def _run(fn: Callable[..., object], args: tuple, number: int) -> float:
     return time.perf_counter() - start
 
 
-def _check_count(value, name: str) -> int:
+def _nothing() -> None:
+    """What synchronizing means without a GPU."""
+
+
+def _check_count(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:

@@ -15,9 +15,9 @@ without ``<bos>`` as a control) with every seed of :data:`SEEDS`, on several
 processes with one thread each; ``make experiments`` (the script
 ``experiments/sink_sweep.py``) runs it and stores what the chapter plots and
 asserts in the package, where :func:`load` reads it, so the chapter runs from
-an installed ``softmaxbook`` too::
+an installed ``bookkit`` too::
 
-    from softmaxbook.models import sink_study as ss
+    from bookkit.studies import sink_study as ss
     stored = ss.load()                  # the sweep as it was measured
     fresh = ss.run("softmax", seed=1)   # one run again: under a minute on a CPU
 
@@ -32,17 +32,24 @@ third digit on, which the chapter's claims leave room for.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any, cast
 
 import torch
+from torch import nn
 
-from ..attention import scaled_dot_product_attention
-from ..masking import causal_mask
+from softmaxbook import (
+    TinyTransformer,
+    TransformerBlock,
+    causal_mask,
+    scaled_dot_product_attention,
+)
+
 from . import training
 from .training import TrainingHistory
-from .transformer import TinyTransformer
 
 #: Where the stored sweep lives: package data, so an installed library has it.
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "sink_sweep.json"
@@ -57,9 +64,9 @@ VOCAB, LENGTH = NONE + 1, T + 1
 IGNORE = -100  # positions that are not scored (torch's ignore_index)
 DATA_SEED, N_TRAIN, N_TEST = 0, 20_000, 2_000
 
-CONFIG = {"d_model": 32, "n_heads": 2, "n_layers": 1}
+CONFIG: dict[str, Any] = {"d_model": 32, "n_heads": 2, "n_layers": 1}
 TRAIN = {"steps": 1000, "batch_size": 64, "lr": 3e-3, "warmup": 50, "eval_every": 100}
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "softmax": {},
     "sink logits": {"sinks": True},
     "gated": {"gate": True},
@@ -105,14 +112,16 @@ def make_data(bos: bool = True) -> tuple[Pair, Pair]:
     return make_task(N_TRAIN, generator, bos), make_task(N_TEST, generator, bos)
 
 
-def new_model(seed: int = 1, **variant) -> TinyTransformer:
+def new_model(seed: int = 1, **variant: Any) -> TinyTransformer:
     """The chapter's model initialized from ``seed``; ``variant``: VARIANTS."""
     variant = {k: v for k, v in variant.items() if k != "bos"}  # a data option
     generator = torch.Generator().manual_seed(seed)
     return TinyTransformer(VOCAB, LENGTH, **CONFIG, **variant, generator=generator)
 
 
-def fit(model, data, seed: int = 1, **overrides) -> TrainingHistory:
+def fit(
+    model: nn.Module, data: tuple[Pair, Pair], seed: int = 1, **overrides: Any
+) -> TrainingHistory:
     """Train with the chapter's recipe; minibatches drawn with ``seed + 1``."""
     train, test = data
     generator = torch.Generator().manual_seed(seed + 1)
@@ -127,11 +136,13 @@ def _round(x: float) -> float:
     return float(f"{x:.{DIGITS}g}")
 
 
-def _rounded(t: torch.Tensor) -> list | float:
+def _rounded(t: torch.Tensor) -> list[Any] | float:
     return [_rounded(x) for x in t] if t.dim() else _round(t.item())
 
 
-def _forward(model, tokens: torch.Tensor, ablate: str | None = None):
+def _forward(
+    model: TinyTransformer, tokens: torch.Tensor, ablate: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The model's forward pass, written out to reach inside its one layer.
 
     Returns ``(logits, weights, scores, gate)``: ``(B, L, V)``, ``(B, H, L, L)``,
@@ -141,7 +152,7 @@ def _forward(model, tokens: torch.Tensor, ablate: str | None = None):
     weight goes to the other keys). ``ablate="zero value"``: the first token
     keeps its weight but its value is zero (its weight goes nowhere).
     """
-    block = model.blocks[0]
+    block = cast(TransformerBlock, model.blocks[0])  # a ModuleList holds Modules
     attention = block.attn
     x = model.token_embedding(tokens) + model.position_embedding[: tokens.shape[1]]
     h = block.ln1(x)
@@ -172,7 +183,7 @@ def _forward(model, tokens: torch.Tensor, ablate: str | None = None):
 
 
 @torch.no_grad()
-def measure(model, data: Pair) -> dict:
+def measure(model: TinyTransformer, data: Pair) -> dict[str, Any]:
     """What the chapter reads off a trained model, on the held-out ``data``.
 
     Per head, lists of ``H`` numbers: the mean weight on ``<bos>`` at queries
@@ -194,7 +205,8 @@ def measure(model, data: Pair) -> dict:
     rest = scores[..., 1:].masked_fill(~visible, float("-inf")).amax(-1)
     heads = range(weights.shape[1])
 
-    def mean_over(mask, values):  # (B, H, L) -> (H,)
+    def mean_over(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        # (B, H, L) -> (H,)
         return torch.stack([values[:, i][mask].mean() for i in heads])
 
     per_head = {
@@ -207,8 +219,9 @@ def measure(model, data: Pair) -> dict:
         by_head = gate.view(*gate.shape[:2], len(heads), -1).mean(-1).transpose(1, 2)
         per_head["gate_none"] = mean_over(none, by_head)
         per_head["gate_match"] = mean_over(match, by_head)
-    if model.blocks[0].attn.sinks is not None:
-        per_head["sink_logit"] = model.blocks[0].attn.sinks.detach().clone()
+    sinks = cast(TransformerBlock, model.blocks[0]).attn.sinks
+    if sinks is not None:
+        per_head["sink_logit"] = sinks.detach().clone()
     accuracy = {}
     for ablation, prefix in ((None, "accuracy"), ("evict", "evicted"),
                              ("zero value", "zeroed")):  # fmt: skip
@@ -223,7 +236,7 @@ def measure(model, data: Pair) -> dict:
     }
 
 
-def check_forward(model, tokens: torch.Tensor) -> None:
+def check_forward(model: TinyTransformer, tokens: torch.Tensor) -> None:
     """Fail loudly if :func:`_forward` no longer computes what the model does."""
     with torch.no_grad():
         ours = _forward(model, tokens)[0]
@@ -232,7 +245,9 @@ def check_forward(model, tokens: torch.Tensor) -> None:
         raise RuntimeError("_forward disagrees with TinyTransformer.forward")
 
 
-def run(variant: str, seed: int, data=None) -> dict:
+def run(
+    variant: str, seed: int, data: tuple[Pair, Pair] | None = None
+) -> dict[str, Any]:
     """Train one variant with one seed; return what the chapter uses."""
     if data is None:
         data = make_data(VARIANTS[variant].get("bos", True))
@@ -248,7 +263,7 @@ def run(variant: str, seed: int, data=None) -> dict:
     }
 
 
-_DATA = {}
+_DATA: dict[bool, tuple[Pair, Pair]] = {}  # by bos: each worker makes both once
 
 
 def _init_worker() -> None:
@@ -256,13 +271,16 @@ def _init_worker() -> None:
     _DATA.update({bos: make_data(bos) for bos in (True, False)})
 
 
-def _run_in_worker(variant: str, seed: int) -> dict:
+def _run_in_worker(variant: str, seed: int) -> dict[str, Any]:
     return run(variant, seed, _DATA[VARIANTS[variant].get("bos", True)])
 
 
 def sweep(
-    variants=tuple(VARIANTS), seeds=SEEDS, workers: int = 2, progress: bool = True
-) -> list[dict]:
+    variants: Sequence[str] = tuple(VARIANTS),
+    seeds: Sequence[int] = SEEDS,
+    workers: int = 2,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Every ``(variant, seed)`` run on ``workers`` processes, in order."""
     jobs = [(v, s) for v in variants for s in seeds]
     # Spawned workers start from a fresh interpreter: no threads from fork.
@@ -270,7 +288,7 @@ def sweep(
         workers, mp_context=get_context("spawn"), initializer=_init_worker
     ) as pool:
         futures = {pool.submit(_run_in_worker, v, s): (v, s) for v, s in jobs}
-        done = as_completed(futures)
+        done: Iterable[Future[dict[str, Any]]] = as_completed(futures)
         if progress:
             from tqdm import tqdm
 
@@ -279,6 +297,6 @@ def sweep(
     return [results[job] for job in jobs]
 
 
-def load(path: Path = DATA_FILE) -> dict:
+def load(path: Path = DATA_FILE) -> dict[str, Any]:
     """The stored sweep: task, model, recipe, variants, seeds, machine, runs."""
     return json.loads(Path(path).read_text())

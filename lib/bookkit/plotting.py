@@ -6,19 +6,24 @@ palette, and labels large enough to read on a phone. Every helper returns the
 matplotlib ``Axes`` it drew on, so a caller can add to it.
 
 Call :func:`use_style` once at the top of a notebook. matplotlib is imported
-only when a figure is made or the style applied, so ``import softmaxbook``
+only when a figure is made or the style applied, so ``import bookkit``
 costs a training script nothing for figures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is made, not before
+    import numpy.typing as npt
+    import torch
     from matplotlib.axes import Axes
+
+    #: What the helpers plot: a tensor of any dtype and device, or array-like data.
+    Values = torch.Tensor | npt.ArrayLike
 
 __all__ = ["PALETTE", "use_style", "plot_distribution", "plot_curves", "plot_heatmap"]
 
@@ -34,7 +39,7 @@ PALETTE = [
     "#666666",
 ]
 
-_STYLE = {
+_STYLE: dict[str, Any] = {
     "figure.figsize": (6.4, 3.6),
     "figure.dpi": 100,
     "savefig.dpi": 100,
@@ -66,12 +71,14 @@ _STYLE = {
 def use_style() -> None:
     """Apply the book's figure style to matplotlib (global, idempotent)."""
     import matplotlib as mpl
+    import matplotlib.style
+    from cycler import cycler  # matplotlib's own dependency
 
-    mpl.rcParams.update(_STYLE)
-    mpl.rcParams["axes.prop_cycle"] = mpl.cycler(color=PALETTE)
+    matplotlib.style.use(_STYLE)  # typed to take a dict, where rcParams wants each key
+    mpl.rcParams["axes.prop_cycle"] = cycler(color=PALETTE)
 
 
-def _as_array(values) -> np.ndarray:
+def _as_array(values: Values) -> np.ndarray:
     """A float64 NumPy array of ``values``: a tensor of any dtype, on any device."""
     if hasattr(values, "detach"):  # a torch tensor; NumPy has no bfloat16
         import torch
@@ -89,10 +96,10 @@ def _axes(ax: Axes | None) -> Axes:
 
 
 def plot_distribution(
-    values,
+    values: Values,
     labels: Sequence[str] | None = None,
     *,
-    ax=None,
+    ax: Axes | None = None,
     title: str = "",
     xlabel: str = "index",
     ylabel: str = "value",
@@ -136,10 +143,10 @@ def plot_distribution(
 
 
 def plot_curves(
-    x,
-    curves: Mapping[str, Sequence[float]],
+    x: Values,
+    curves: Mapping[str, Values],
     *,
-    ax=None,
+    ax: Axes | None = None,
     title: str = "",
     xlabel: str = "x",
     ylabel: str = "y",
@@ -176,9 +183,9 @@ def plot_curves(
 
 
 def plot_heatmap(
-    matrix,
+    matrix: Values,
     *,
-    ax=None,
+    ax: Axes | None = None,
     title: str = "",
     xlabel: str = "key position",
     ylabel: str = "query position",

@@ -4,7 +4,9 @@ Used in the first cell of every chapter, so a chapter starts the same way on a
 laptop, in Colab and on a GPU server::
 
     import softmaxbook as sb
-    device = sb.setup_notebook(seed=0)
+    import bookkit as bk
+
+    device = bk.setup_notebook(seed=0)
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import torch
 
-from ._validate import check_installed
-from .device import get_device
+from softmaxbook import get_device
+from softmaxbook._validate import check_installed
+
 from .plotting import use_style
 
 __all__ = ["setup_notebook", "glue"]
+
+#: What :func:`glue` records: a number, a string or None, also a NumPy scalar or a
+#: 0-d tensor (stored as the Python number it holds).
+Gluable: TypeAlias = float | int | bool | str | np.generic | torch.Tensor | None
 
 
 def setup_notebook(
@@ -60,8 +68,8 @@ def setup_notebook(
     --------
     The first cell of a chapter that compares with the ``entmax`` package::
 
-        import softmaxbook as sb
-        device = sb.setup_notebook(seed=0, requires=("entmax",))
+        import bookkit as bk
+        device = bk.setup_notebook(seed=0, requires=("entmax",))
     """
     check_installed(requires, "This notebook")
     random.seed(seed)
@@ -73,7 +81,7 @@ def setup_notebook(
     return get_device()
 
 
-def glue(name: str, value, *, digits: int = 4, display: bool = False) -> None:
+def glue(name: str, value: Gluable, *, digits: int = 4, display: bool = False) -> None:
     """Record ``value``, rounded to ``digits`` significant digits, for the book's prose.
 
     In Markdown, ``{glue:text}`name:.3f``` then prints the value (myst-nb's
@@ -116,7 +124,7 @@ def glue(name: str, value, *, digits: int = 4, display: bool = False) -> None:
 MAX_GLUE_DIGITS = 6
 
 
-def _rounded(value, digits: int = 4):
+def _rounded(value: Gluable, digits: int = 4) -> float | int | bool | str | None:
     """``value`` as a Python number, a float rounded to ``digits`` significant digits.
 
     The rule of :func:`glue`: ``_rounded(316.22776601683796) == 316.2``;
