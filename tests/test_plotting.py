@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import bookkit as bk
-import softmaxbook as sb
 
 
 @pytest.fixture(autouse=True)

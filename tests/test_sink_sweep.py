@@ -32,7 +32,6 @@ import pytest
 import torch
 
 import bookkit as bk
-import softmaxbook as sb
 from bookkit.studies import sink_study as ss
 
 ROOT = Path(__file__).resolve().parents[1]

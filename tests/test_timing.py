@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import bookkit as bk
-import softmaxbook as sb
 
 
 def test_time_call_measures_the_call_not_the_warmup():
