@@ -800,6 +800,17 @@ def test_the_node_saves_exactly_q_k_v_out_and_the_logsumexp(explicit):
     out = sb.FlashAttention.apply(q, k, v, mask=mask, sinks=sinks, explicit=explicit)
     saved = out.grad_fn.saved_tensors
     assert len(saved) == 7 and saved[5] is mask and saved[6] is sinks
+    # On the fused path (Dv = D) a boolean mask is saved as the float mask torch's
+    # kernel adds.
+    mask[:, 0] = True
+    out = sb.FlashAttention.apply(q, k, v[..., :4], mask=mask, explicit=explicit)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 6
+    if explicit:
+        assert saved[5] is mask
+    else:
+        additive = torch.zeros(9, 11).masked_fill(~mask, float("-inf"))
+        assert saved[5].dtype == torch.float32 and torch.equal(saved[5], additive)
 
 
 def test_a_course_style_flashattention2_check():

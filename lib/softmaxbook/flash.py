@@ -384,8 +384,8 @@ def _fused_mask(mask: Tensor | None, additive: bool, q: Tensor) -> Tensor | None
     broadcast against ``_as_4d(q)``."""
     if mask is None:
         return None
-    if not additive:  # True = may attend -> 0, False -> -inf (as torch converts it)
-        mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+    if not additive:  # (FlashAttention.apply converts a boolean mask first)
+        mask = _as_additive(mask, q.dtype)
     if q.dim() == 3 and mask.dim() == 3:  # (B, L, S) -> (B, 1, L, S)
         mask = mask.unsqueeze(1)
     return mask
@@ -449,7 +449,9 @@ def _fused_backward(
         attn_mask=_fused_mask(mask, ctx.additive, q),
         scale=o.scale,
     )
-    dq, dk, dv = (g.reshape(s) for g, s in zip(grads, shapes, strict=True))
+    dq, dk, dv = (
+        g if g.shape == s else g.reshape(s) for g, s in zip(grads, shapes, strict=True)
+    )
     return dq, dk, dv
 
 
@@ -465,9 +467,11 @@ class FlashAttention(torch.autograd.Function):
     calls it. The output's ``grad_fn`` is this Function's node, and its
     ``saved_tensors`` are exactly ``(q, k, v, out, lse)`` (the inputs as given,
     the output and the logsumexp, in the output's batch shape and in float32,
-    float64 for float64 input); a mask adds itself as a sixth (a boolean or
-    float tensor, no gradient), sinks add themselves last. No tensor of the
-    ``(L, S)`` scores is kept.
+    float64 for float64 input); a mask is saved as a sixth (no gradient): as
+    given on the tile loops, and on the fused path as the float additive mask
+    torch's kernel reads (a boolean one converted once, as torch's own SDPA
+    saves it); sinks are saved last. No tensor of the ``(L, S)`` scores is
+    kept beyond the mask.
 
     The backward pass is first-order (``once_differentiable``); ``torch.func``
     transforms (``vmap``, ``jacrev``, ``grad``) work through a vmap rule that
@@ -667,7 +671,17 @@ def _run(
     options = _Options(
         args.causal or False, args.scale, args.groups > 1, block_size, path
     )
-    return FlashAttention._call(q, k, v, args.mask, args.sinks, options)
+    mask = args.mask
+    if path == "fused" and mask is not None and not args.additive:
+        # torch's kernel adds a float mask: converted once, here, the node saves it
+        # and its backward pass reads it as it is (as torch's own SDPA does)
+        mask = _as_additive(mask, q.dtype)
+    return FlashAttention._call(q, k, v, mask, args.sinks, options)
+
+
+def _as_additive(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as an additive one: True (may attend) -> 0, False -> -inf."""
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill_(~keep, float("-inf"))
 
 
 def _vmapped_first(info: Any, in_dims: tuple, tensors: tuple) -> list:
