@@ -152,6 +152,26 @@ def test_normalizers_import_only_the_policy_layer():
         assert not outside, f"{module} imports {sorted(outside)}"
 
 
+#: The attention entry points (lib/README.md): each resolves its arguments with the
+#: one resolver, softmaxbook._attention_args.
+ATTENTION_ENTRY_POINTS = (
+    "attention", "flash", "flex", "decode", "ring", "differential", "selective",
+    "capping",
+)  # fmt: skip
+
+
+def test_every_attention_entry_point_resolves_its_arguments_in_one_place():
+    resolver = f"{ROOT}._attention_args"
+    # The resolver sits at the bottom of the attention layer: the checks, torch.
+    assert set(GRAPH[resolver]) <= {f"{ROOT}._validate"}, GRAPH[resolver]
+    missing = [
+        name
+        for name in ATTENTION_ENTRY_POINTS
+        if resolver not in GRAPH[f"{ROOT}.{name}"]
+    ]
+    assert not missing, f"these modules do not import {resolver}: {missing}"
+
+
 def test_no_module_imports_the_public_api():
     # ``from . import reference`` names a sibling module, not the public API.
     for module in MODULES:
