@@ -63,6 +63,13 @@ def test_check_qkv_returns_the_broadcast_batch_shape():
         check_qkv(q, k, v.double())
 
 
+def test_check_qkv_counts_the_query_heads_of_grouped_keys():
+    q, kv = torch.zeros(2, 6, 5, 4), torch.zeros(2, 2, 7, 4)
+    assert tuple(check_qkv(q, kv, kv, groups=3)) == (2, 6)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        check_qkv(q, kv, kv)
+
+
 def test_check_attention_args_defaults_and_the_mask():
     q, k, v = torch.zeros(2, 5, 16), torch.zeros(2, 6, 16), torch.zeros(2, 6, 3)
     batch, scale, keep = check_attention_args(q, k, v, None, False, None)

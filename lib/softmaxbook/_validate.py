@@ -4,8 +4,11 @@ Every public function validates its arguments with these helpers, so that bad
 input fails at the call with a message that names the argument, instead of
 deep inside torch or, worse, as a silent ``nan``. The checks that several
 modules share live here once: a tensor, a dimension, a positive number, a
-boolean mask (True = may attend), the ``q, k, v`` of attention with its
-``mask`` / ``is_causal`` / ``scale``; and :func:`zero_empty_rows`, the one
+boolean mask (True = may attend), the ``q, k, v`` of attention, the
+``is_causal`` names and grouped-query heads (the pieces that
+:func:`softmaxbook._attention_args.resolve_attention`, the one resolver of
+every attention entry point, builds on; ``check_attention_args`` remains for the
+kernels, which sit below the attention layer); and :func:`zero_empty_rows`, the one
 guard that keeps a row with nothing to attend from turning into ``nan``;
 and :func:`check_installed`, the one message for a missing optional package.
 """
