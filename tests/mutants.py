@@ -93,8 +93,8 @@ M = [
     (
         "wrong attention scale (scores scaled twice)",
         L + "attention.py",
-        "    scores = (q @ k.transpose(-2, -1)) * scale  # (..., L, S)",
-        "    scores = (q @ k.transpose(-2, -1)) * scale * scale  # (..., L, S)",
+        "    scores = (q @ k.transpose(-2, -1)) * args.scale  # (..., L, S)",
+        "    scores = (q @ k.transpose(-2, -1)) * args.scale**2  # (..., L, S)",
         ["tests/test_attention.py"],
     ),
     (
