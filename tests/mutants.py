@@ -267,6 +267,20 @@ M = [
         "numerator = shifted",
         ["tests/test_sinks.py"],
     ),
+    (
+        "the attention resolver ignores a float (additive) mask",
+        L + "_attention_args.py",
+        "                scores = scores + self.mask",
+        "                scores = scores",
+        ["tests/test_attention_vocabulary.py"],
+    ),
+    (
+        "the attention resolver reads is_causal='bottom_right' as top-left",
+        L + "_attention_args.py",
+        '    if causal == "bottom_right" and L == S:',
+        '    if causal == "bottom_right":',
+        ["tests/test_attention_vocabulary.py"],
+    ),
 ]
 
 
