@@ -1044,3 +1044,36 @@ def test_without_torchs_cpu_operator_every_call_takes_the_tile_loops(monkeypatch
     torch.testing.assert_close(
         sb.flash_attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
     )
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 7), (7,), (1, 5, 7), (3, 5, 7), (3, 1, 7), (2, 1, 1, 7), (2, 3, 5, 7)]
+)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_every_mask_shape_that_broadcasts_gives_torchs_result(shape, kind):
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 3, 5, 4, generator=g)
+    k, v = (torch.randn(2, 3, 7, 4, generator=g) for _ in range(2))
+    mask = torch.rand(*shape, generator=g) > 0.3
+    mask[..., 0] = True
+    if kind == "float":
+        mask = torch.randn(*shape, generator=g)
+    assert sb.explain_dispatch("flash_attention", q, k, v, mask=mask).path == "fused"
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ours = sb.flash_attention(*leaves, mask=mask)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = mask if mask.dim() >= 2 else mask.expand(5, 7)  # torch wants 2 dims
+    want = F.scaled_dot_product_attention(*ref, attn_mask=theirs)
+    torch.testing.assert_close(ours, want)
+    for a, b in zip(
+        torch.autograd.grad(ours.sum(), leaves),
+        torch.autograd.grad(want.sum(), ref),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b)
+    q3, k3, v3 = q[0], k[0], v[0]  # 3-D inputs: the mask gains a heads dimension
+    if len(shape) <= 3:
+        torch.testing.assert_close(
+            sb.flash_attention(q3, k3, v3, mask=mask),
+            F.scaled_dot_product_attention(q3, k3, v3, attn_mask=theirs),
+        )

@@ -388,6 +388,8 @@ def _fused_mask(mask: Tensor | None, additive: bool, q: Tensor) -> Tensor | None
         mask = _as_additive(mask, q.dtype)
     if q.dim() == 3 and mask.dim() == 3:  # (B, L, S) -> (B, 1, L, S)
         mask = mask.unsqueeze(1)
+    while mask.dim() < 4:  # the kernel takes 2 or 4 dimensions: (S,), (H, L, S) ...
+        mask = mask.unsqueeze(0)
     return mask
 
 
