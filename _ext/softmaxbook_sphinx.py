@@ -23,7 +23,11 @@ claim the chapters check, page by page in the order of ``_toc.yml``, read from
 the verification cells of the notebooks by :func:`bookkit.claims.page_claims`.
 A claim is written once, in the cell that checks it.
 
-5. The single-page HTML of ``make pdf``. Sphinx looks up a node's HTML
+5. Stability marks. An entry of the API page whose name ``softmaxbook.API_STABILITY``
+marks experimental opens with a line that says so; the mark is declared once, in
+``softmaxbook/__init__.py``.
+
+6. The single-page HTML of ``make pdf``. Sphinx looks up a node's HTML
 visitors by the builder's name, and extensions register them for ``html``
 only (myst-nb's hidden-code toggles), so ``singlehtml`` gets the same ones.
 """
@@ -139,6 +143,22 @@ class ClaimsLedger(SphinxDirective):
         return holder.children
 
 
+def _stability(app, what, name, obj, options, lines):
+    """Open an experimental name's entry with the mark ``sb.API_STABILITY`` gives it."""
+    try:
+        package = importlib.import_module(PACKAGE)
+    except Exception:  # autodoc has already reported why the package does not import
+        return
+    short = name.rpartition(".")[2]
+    stability = getattr(package, "API_STABILITY", {}).get(short)
+    if stability == "experimental" and getattr(package, short, None) is obj:
+        lines[:0] = [
+            "*Experimental:* its signature or behaviour may still change in a minor "
+            "version.",
+            "",
+        ]
+
+
 def _share_html_visitors(app):
     if app.builder.name in ("singlehtml", "dirhtml"):
         handlers = app.registry.translation_handlers
@@ -151,5 +171,6 @@ def setup(app):
     app.add_directive("claims-ledger", ClaimsLedger)
     app.set_html_assets_policy("always")
     app.connect("missing-reference", _resolve)
+    app.connect("autodoc-process-docstring", _stability)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the others
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -11,6 +11,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,8 @@ PUBLIC = {
     "triton_available",
     # modules and the version
     "reference", "kernels", "checks", "__version__",
+    # 0.2: the normalizers' registry and package, and the API's own map
+    "normalizers", "NormalizerInfo", "API_GROUPS", "API_STABILITY",
 }  # fmt: skip
 
 # Names importable from a module path that chapters or courses may use.
@@ -233,3 +236,62 @@ def test_the_harness_names_are_not_public_api():
     moved = {name for names in MOVED_TO_BOOKKIT.values() for name in names}
     assert not moved & set(sb.__all__)
     assert not {"train", "evaluate", "TrainingHistory"} & set(sb.models.__all__)
+
+
+# The API a reader can see whole (0.2): explicit, grouped, marked, versioned.
+
+INIT = Path(sb.__file__)
+
+
+def test_the_package_imports_every_name_explicitly():
+    tree = ast.parse(INIT.read_text())
+    stars = [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+    ]
+    assert not stars, f"star imports in softmaxbook/__init__.py: {stars}"
+
+
+def test_every_public_name_belongs_to_one_topic():
+    # Each name comes from a module of exactly one group of API_GROUPS, so the API
+    # page, which documents the groups' modules, shows every name once.
+    modules = {m: group for group, ms in sb.API_GROUPS.items() for m in ms}
+    assert len(modules) == sum(len(ms) for ms in sb.API_GROUPS.values())
+    for name in sb.__all__:
+        value = getattr(sb, name)
+        if name in modules or name.startswith("__") or name.startswith("API_"):
+            continue
+        home = getattr(value, "__module__", None) or ""
+        home = home.removeprefix("softmaxbook.").split(".")[0]
+        if home not in modules:  # constants: found by the module that lists them
+            home = next(
+                m for m in modules if name in getattr(getattr(sb, m), "__all__", ())
+            )
+        assert home in modules, f"sb.{name} ({home}) is in no group of API_GROUPS"
+
+
+def test_every_public_name_is_marked_stable_or_experimental():
+    assert set(sb.API_STABILITY) == set(sb.__all__)
+    assert set(sb.API_STABILITY.values()) == {"stable", "experimental"}
+    assert sb.API_STABILITY["softmax"] == "stable"
+    assert sb.API_STABILITY["FlashAttention"] == "experimental"
+
+
+def test_the_api_page_has_the_groups_and_the_version():
+    page = (Path(__file__).resolve().parents[1] / "chapters" / "api.md").read_text()
+    headings = re.findall(r"^## (.+)$", page, flags=re.M)
+    assert headings == list(sb.API_GROUPS), "api.md's sections are not API_GROUPS"
+    for group, modules in sb.API_GROUPS.items():
+        section = page.split(f"## {group}\n", 1)[1].split("\n## ", 1)[0]
+        for module in modules:
+            assert f".. automodule:: softmaxbook.{module}\n" in section, (
+                f"softmaxbook.{module} is not documented under {group!r}"
+            )
+    assert f"`softmaxbook` {sb.__version__}" in page
+
+
+def test_the_version_is_in_the_changelog():
+    assert sb.__version__ == "0.2.0"
+    changelog = (Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text()
+    assert f"## [{sb.__version__}]" in changelog

@@ -1,56 +1,31 @@
 """softmaxbook: the library of the executable textbook *Softmax in Attention*.
 
-Softmax and its relatives for transformer attention, written to be read:
-NumPy references that read like the math (:mod:`softmaxbook.reference`), torch
-functions that run on CPU, CUDA and Apple MPS, and figure helpers for the book.
+Softmax and its relatives for transformer attention, written to be read: torch
+functions that run on CPU, CUDA and Apple MPS, NumPy references that read like
+the math (:mod:`softmaxbook.reference`), fused kernels
+(:mod:`softmaxbook.kernels`) and a grader for students' code
+(:mod:`softmaxbook.checks`).
 
 >>> import torch, softmaxbook as sb
 >>> sb.softmax(torch.tensor([1.0, 0.5, 2.5, -0.1]))
 tensor([0.1557, 0.0945, 0.6980, 0.0518])
 
-Every public name below is listed in the ``__all__`` of its module; this
-package re-exports them all, so ``sb.<name>`` works for each.
+The public API is below, grouped by topic (the API page shows the same groups,
+``sb.API_GROUPS``); each name is ``sb.<name>``. ``sb.API_STABILITY`` marks each
+name stable (kept across minor versions; a rename keeps a deprecated alias for one
+minor version) or experimental (may still change in a minor version).
 """
 
 import importlib as _importlib
 import typing as _typing
 
-from . import (
-    analysis,
-    attention,
-    capping,
-    decode,
-    device,
-    differential,
-    flash,
-    flex,
-    gradients,
-    kernels,
-    losses,
-    masking,
-    models,
-    normalizers,
-    online,
-    patterns,
-    reference,
-    ring,
-    sampling,
-    selective,
-)
-from .analysis import *  # noqa: F403
-from .attention import *  # noqa: F403
-from .capping import *  # noqa: F403
-from .decode import *  # noqa: F403
-from .device import *  # noqa: F403
-from .differential import *  # noqa: F403
-from .flash import *  # noqa: F403
-from .flex import *  # noqa: F403
-from .gradients import *  # noqa: F403
-from .kernels.dispatch import *  # noqa: F403
-from .losses import *  # noqa: F403
-from .masking import *  # noqa: F403
-from .models import *  # noqa: F403
+from . import kernels, normalizers, reference
+
+# isort: split
+# Softmax and the normalizers: every map from scores to weights, one registry.
 from .normalizers import (
+    NORMALIZERS,
+    NormalizerInfo,
     adaptive_temperature_softmax,
     clipped_softmax,
     entmax15,
@@ -69,62 +44,169 @@ from .normalizers import (
     stick_breaking,
     yarn_logit_scale,
 )
-from .online import *  # noqa: F403
-from .patterns import *  # noqa: F403
-from .ring import *  # noqa: F403
-from .sampling import *  # noqa: F403
-from .selective import *  # noqa: F403
+
+# isort: split
+# Masks and attention patterns: which keys a query may see.
+from .flex import BlockSparsity, block_mask_from_mod, flex_attention, mask_from_mod
+from .masking import (
+    additive_mask,
+    causal_mask,
+    mask_fill_value,
+    masked_softmax,
+    padding_mask,
+)
+from .patterns import (
+    alibi_bias,
+    alibi_slopes,
+    document_ids,
+    document_mask,
+    prefix_lm_mask,
+    sliding_window_mask,
+)
+
+# isort: split
+# Attention: the explicit and fused paths, FlashAttention, decoding, many devices.
+from .attention import scaled_dot_product_attention
+from .capping import max_attention_logits, qk_clip_, soft_cap
+from .decode import aligned_causal_mask, repeat_kv_heads, split_k_attention
+from .differential import differential_attention
+from .flash import (
+    CAUSAL_ALIGNMENTS,
+    FlashAttention,
+    FlashStep,
+    flash_attention,
+    flash_attention_backward,
+    flash_attention_steps,
+)
+from .online import merge_attention_states, online_softmax
+from .ring import RingRun, ring_attention, run_ring_attention
+from .selective import selective_attention
+
+# isort: split
+# Gradients: the Jacobian and the backward pass written out.
+from .gradients import (
+    SoftmaxFunction,
+    softmax_backward,
+    softmax_jacobian,
+    softmax_with_custom_backward,
+)
+
+# isort: split
+# The output layer: losses, sampling, calibration.
+from .losses import chunked_cross_entropy, label_smoothed_cross_entropy, z_loss
+from .sampling import (
+    ReliabilityTable,
+    SpeculativeResult,
+    expected_calibration_error,
+    fit_temperature,
+    min_p_filter,
+    reliability_table,
+    sample,
+    speculative_accept,
+    top_k_filter,
+    top_p_filter,
+)
+
+# isort: split
+# Analysis: what an attention map does.
+from .analysis import (
+    attention_distance,
+    attention_entropy,
+    attention_sparsity,
+    entropy,
+    ignore_gap,
+)
+
+# isort: split
+# Models: a small transformer with a pluggable normalizer, and a task for it.
+from .models import (
+    MultiHeadAttention,
+    TinyTransformer,
+    TransformerBlock,
+    make_associative_recall,
+)
+
+# isort: split
+# Devices and kernels: where the work runs, and which path a call takes.
+from .device import DEVICE_ENV_VAR, get_device
+from .kernels.dispatch import DispatchDecision, explain_dispatch, triton_available
 
 if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
     from . import checks
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-#: The public API, by module. ``reference``, ``kernels`` and ``checks`` stay
-#: modules (``sb.reference.softmax``, ``sb.kernels.triton_softmax``,
-#: ``sb.checks.check_softmax``); of ``kernels``, the dispatch report is also
-#: here (``sb.explain_dispatch``).
 __all__ = [
-    "softmax",
-    "log_softmax",
-    "logsumexp",
-    *masking.__all__,
-    *patterns.__all__,
-    *attention.__all__,
-    *flex.__all__,
-    *online.__all__,
-    *flash.__all__,
-    *decode.__all__,
-    *ring.__all__,
-    *gradients.__all__,
-    "sparsemax",
-    "entmax15",
-    "entmax_bisect",
-    "softmax_one",
-    "relu_normalize",
-    "sigmoid_normalize",
-    "sink_softmax",
-    "softpick",
-    "clipped_softmax",
-    "relu_attention",
-    "scalable_softmax",
-    "yarn_logit_scale",
-    "adaptive_temperature_softmax",
-    "stick_breaking",
-    *differential.__all__,
-    *selective.__all__,
-    *capping.__all__,
-    *losses.__all__,
-    *sampling.__all__,
-    *analysis.__all__,
-    *models.__all__,
-    *device.__all__,
-    *kernels.dispatch.__all__,
-    "reference",
-    "kernels",
-    "checks",
-    "__version__",
-]
+    # Softmax and the normalizers
+    "softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15", "entmax_bisect",
+    "softmax_one", "relu_normalize", "sigmoid_normalize", "sink_softmax", "softpick",
+    "clipped_softmax", "relu_attention", "scalable_softmax",
+    "adaptive_temperature_softmax", "yarn_logit_scale", "stick_breaking",
+    "NORMALIZERS", "NormalizerInfo",
+    # Masks and attention patterns
+    "causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value",
+    "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
+    "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
+    "BlockSparsity", "flex_attention",
+    # Attention
+    "scaled_dot_product_attention", "online_softmax", "merge_attention_states",
+    "FlashAttention", "flash_attention", "flash_attention_backward",
+    "flash_attention_steps", "FlashStep", "CAUSAL_ALIGNMENTS", "repeat_kv_heads",
+    "aligned_causal_mask", "split_k_attention", "ring_attention",
+    "run_ring_attention", "RingRun", "differential_attention", "selective_attention",
+    "soft_cap", "max_attention_logits", "qk_clip_",
+    # Gradients
+    "softmax_jacobian", "softmax_backward", "SoftmaxFunction",
+    "softmax_with_custom_backward",
+    # The output layer
+    "label_smoothed_cross_entropy", "z_loss", "chunked_cross_entropy",
+    "top_k_filter", "top_p_filter", "min_p_filter", "sample", "SpeculativeResult",
+    "speculative_accept", "ReliabilityTable", "reliability_table",
+    "expected_calibration_error", "fit_temperature",
+    # Analysis
+    "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
+    "ignore_gap",
+    # Models
+    "make_associative_recall", "MultiHeadAttention", "TransformerBlock",
+    "TinyTransformer",
+    # Devices and kernels
+    "get_device", "DEVICE_ENV_VAR", "explain_dispatch", "DispatchDecision",
+    "triton_available",
+    # Modules, the version, the API's own map
+    "normalizers", "reference", "kernels", "checks", "__version__",
+    "API_GROUPS", "API_STABILITY",
+]  # fmt: skip
+
+#: The topics of the public API and the modules that hold each (the API page has
+#: one section per topic, in this order).
+API_GROUPS: dict[str, tuple[str, ...]] = {
+    "Softmax and the normalizers": ("normalizers",),
+    "Masks and attention patterns": ("masking", "patterns", "flex"),
+    "Attention": (
+        "attention", "online", "flash", "decode", "ring", "differential",
+        "selective", "capping",
+    ),
+    "Gradients": ("gradients",),
+    "The output layer": ("losses", "sampling"),
+    "Analysis": ("analysis",),
+    "Models": ("models",),
+    "Devices and kernels": ("device", "kernels"),
+    "References and the grader": ("reference", "checks"),
+}  # fmt: skip
+
+# Names whose signature or behaviour may still change in a minor version: the
+# normalizers and attention variants of recent papers, and the newest interfaces.
+_EXPERIMENTAL = frozenset({
+    "NormalizerInfo", "softpick", "scalable_softmax", "adaptive_temperature_softmax",
+    "stick_breaking", "relu_attention", "differential_attention",
+    "selective_attention", "qk_clip_", "ignore_gap", "FlashAttention",
+    "block_mask_from_mod", "BlockSparsity",
+})  # fmt: skip
+
+#: ``"stable"`` or ``"experimental"`` for every public name (see the module docstring).
+API_STABILITY: dict[str, str] = {
+    name: "experimental" if name in _EXPERIMENTAL else "stable" for name in __all__
+}
 
 # softmaxbook.checks, the checkers of students' code, is imported on first use
 # (sb.checks, from softmaxbook import checks): it is a third of the library's
