@@ -1,15 +1,14 @@
-"""How the public API changes: stability marks and deprecated aliases, declared once.
+"""How the public API changes: deprecated aliases, keywords and modules, declared once.
 
-A public name of :mod:`softmaxbook` is a promise to the courses that use it. When
+A public name of ``softmaxbook`` is a promise to the courses that use it. When
 a name, a keyword or a module moves, the old spelling keeps working for one minor
 version and says where the new one is, with a ``DeprecationWarning``:
 
-- :func:`deprecated_alias` wraps a function under its old name;
 - :func:`renamed_keywords` accepts a function's old keyword names;
 - :func:`moved_module` turns a module that moved into a forwarding shim.
 
-:func:`experimental` marks a name whose signature may still change in a minor
-version; every other public name is stable (see ``softmaxbook.API_STABILITY``).
+Which public names are stable and which experimental is declared in one place too:
+``softmaxbook.API_STABILITY``, in the package's ``__init__``.
 """
 
 from __future__ import annotations
@@ -33,45 +32,6 @@ def _warn(old: str, new: str, stacklevel: int = 3) -> None:
         DeprecationWarning,
         stacklevel=stacklevel,
     )
-
-
-def experimental(obj: F) -> F:
-    """Mark ``obj`` experimental: it may change in a minor version.
-
-    The mark is an attribute, ``obj.__experimental__ = True``, that the API page
-    and ``softmaxbook.API_STABILITY`` read.
-    """
-    obj.__experimental__ = True  # type: ignore[attr-defined]
-    return obj
-
-
-def is_experimental(obj: object) -> bool:
-    """True when ``obj`` was marked with :func:`experimental`."""
-    return bool(getattr(obj, "__experimental__", False))
-
-
-def deprecated_alias(function: F, old_name: str) -> F:
-    """Return ``function`` under ``old_name``: same behaviour, plus a warning.
-
-    >>> import warnings
-    >>> def new(x):
-    ...     return x + 1
-    >>> old = deprecated_alias(new, "old")
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     old(1), caught[0].category.__name__
-    (2, 'DeprecationWarning')
-    """
-    new_name = f"{function.__module__.split('._')[0]}.{function.__qualname__}"
-
-    @functools.wraps(function)
-    def alias(*args: Any, **kwargs: Any) -> Any:
-        _warn(old_name, new_name)
-        return function(*args, **kwargs)
-
-    alias.__name__ = alias.__qualname__ = old_name.rsplit(".", 1)[-1]
-    alias.__doc__ = f"Deprecated alias of :func:`{new_name}`."
-    return alias  # type: ignore[return-value]
 
 
 def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
