@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ def attention_probe(
     autograd gradient at the scores against the softmax VJP written out by
     hand, and the gradient at q against ``scale * VJP @ k``.
     """
-    ref = sb.scaled_dot_product_attention(q, k, v, scale=scale)
+    ref = cast(torch.Tensor, sb.scaled_dot_product_attention(q, k, v, scale=scale))
     q = q.clone().requires_grad_(True)
     scores = (q @ k.transpose(-2, -1)) * scale  # (L, S)
     w = sb.softmax(scores)

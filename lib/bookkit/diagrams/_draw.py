@@ -11,7 +11,7 @@ keeps it legible.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from ..plotting import PALETTE, use_style
 if TYPE_CHECKING:  # matplotlib is imported when a figure is made
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.text import Text
 
 __all__ = ["PALETTE", "INK", "MUTED", "canvas", "box", "arrow", "text", "cells"]
 
@@ -67,7 +69,7 @@ def box(
     fontsize: float = 10,
     textcolor: str = INK,
     rounded: bool = True,
-):
+) -> FancyBboxPatch:
     """A labelled box with its lower-left corner at ``(x, y)``; returns the patch."""
     from matplotlib.patches import FancyBboxPatch
 
@@ -106,7 +108,7 @@ def arrow(
     offset: tuple[float, float] = (0, 0.15),
     style: str = "-|>",
     linestyle: str = "-",
-):
+) -> FancyArrowPatch:
     """An arrow from ``start`` to ``end``, with ``label`` at its middle (shifted by
     ``offset``)."""
     from matplotlib.patches import FancyArrowPatch
@@ -145,8 +147,8 @@ def text(
     *,
     fontsize: float = 10,
     color: str = INK,
-    **kwargs,
-):
+    **kwargs: Any,
+) -> Text:
     """Text at ``(x, y)``, centred unless ``ha``/``va`` say otherwise."""
     kwargs.setdefault("ha", "center")
     kwargs.setdefault("va", "center")
@@ -155,7 +157,7 @@ def text(
 
 def cells(
     ax: Axes,
-    values,
+    values: Any,
     x: float = 0.0,
     y: float = 0.0,
     *,
@@ -164,7 +166,7 @@ def cells(
     off: str = MUTED,
     labels: Sequence[str] | None = None,
     fontsize: float = 9,
-):
+) -> tuple[int, ...]:
     """A grid of square cells, row 0 at the top, lower-left corner at ``(x, y)``.
 
     ``values`` is a 2-D boolean array (a mask: True drawn in ``on``, False in

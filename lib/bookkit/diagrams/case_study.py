@@ -11,7 +11,7 @@ cannot drift from the code it explains.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._draw import INK, PALETTE, arrow, box, canvas, cells, text
 
@@ -40,7 +40,7 @@ def model_sizes() -> dict:
     from bookkit.studies import case_study as cs
 
     model = cs.new_model(seed=1)
-    block = model.blocks[0]
+    block: Any = model.blocks[0]  # an nn.ModuleList item: its fields are untyped
     normalizers = ["softmax"] + [
         v["normalizer"] for v in cs.VARIANTS.values() if "normalizer" in v
     ]

@@ -12,17 +12,19 @@ number is computed from ``torch.finfo``, none is typed.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bookkit.diagrams._draw import INK, MUTED, PALETTE, _tint, text
 
 if TYPE_CHECKING:
+    import torch
     from matplotlib.figure import Figure
 
 __all__ = ["float_limits", "draw_float_ranges"]
 
 
-def float_limits(dtype) -> dict[str, float]:
+def float_limits(dtype: torch.dtype) -> dict[str, float]:
     """The limits of a torch floating-point ``dtype`` and of ``exp`` in it.
 
     Returns a dict with the smallest subnormal (``"subnormal"``), the smallest
@@ -53,7 +55,9 @@ def _short(v: float) -> str:
     return s.replace("e-0", "e-").replace("e+", "e")
 
 
-def draw_float_ranges(dtypes=None, *, title: str = "") -> Figure:
+def draw_float_ranges(
+    dtypes: Sequence[torch.dtype] | None = None, *, title: str = ""
+) -> Figure:
     """Draw the ranges of float formats and the window where ``exp`` is safe.
 
     Parameters

@@ -9,7 +9,7 @@ is a query-key pair that may attend, a grey cell one that may not.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import softmaxbook as sb
 
@@ -32,7 +32,7 @@ def gallery_masks(
     length: int = 6,
     window: int = 3,
     documents: Sequence[int] = (3, 3, 2),
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The four ``(n, n)`` boolean masks of the gallery, titled, from the library."""
     key_mask = sb.padding_mask([length], n)[0]  # (n,): True on real tokens
     return {
@@ -150,11 +150,11 @@ def draw_interleaved_layers(
 
 
 def draw_mask_representations(
-    mask,
-    lts,
-    lte,
-    computed,
-    full,
+    mask: Any,
+    lts: Any,
+    lte: Any,
+    computed: Any,
+    full: Any,
     *,
     block: int,
     title: str = "One mask, two compact forms",

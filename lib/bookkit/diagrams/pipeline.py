@@ -10,7 +10,7 @@ value dimension ``Dv``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,7 +23,7 @@ __all__ = ["draw_attention_pipeline"]
 
 
 def draw_attention_pipeline(
-    mask=None,
+    mask: Any = None,
     *,
     normalizer: str = "softmax",
     title: str = "Scaled dot-product attention",

@@ -10,7 +10,7 @@ policies keep of it for the next query.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def draw_sinks(
 
     # Left: the schematic map, masked entries grey.
     w = _schematic_map(n)
-    colors = np.where(np.tril(np.ones((n, n), bool)), None, MUTED)
+    colors = np.where(np.tril(np.ones((n, n), bool)), cast(Any, None), MUTED)
     shaded = np.array(
         [[colors[i, j] or _blue(w[i, j]) for j in range(n)] for i in range(n)]
     )

@@ -11,11 +11,13 @@ holds which block), the diagram takes them from there instead of typing them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 from ._draw import INK, MUTED, PALETTE, arrow, box, canvas, cells, text
 
 if TYPE_CHECKING:
+    import torch
     from matplotlib.figure import Figure
 
 __all__ = [
@@ -28,7 +30,9 @@ __all__ = [
 ]
 
 
-def online_softmax_states(scores, block: int):
+def online_softmax_states(
+    scores: Sequence[float] | torch.Tensor, block: int
+) -> list[dict[str, float]]:
     """The running state after each tile of keys, for one row of ``scores``.
 
     Runs :func:`softmaxbook.flash_attention_steps` on a query whose scores
@@ -64,7 +68,9 @@ def online_softmax_states(scores, block: int):
     return states
 
 
-def draw_online_softmax_state(scores=None, *, block: int = 4) -> Figure:
+def draw_online_softmax_state(
+    scores: Sequence[float] | None = None, *, block: int = 4
+) -> Figure:
     """One row of scores in tiles of ``block`` keys, and the running state
     :math:`(m, \\ell)` after each tile with its rescale factor
     :math:`\\alpha = e^{m_{old} - m_{new}}`."""
@@ -147,8 +153,6 @@ def gpu_block_size(head_dim: int = 64) -> tuple[int, int]:
     registers and shared memory. Reads the rule where Triton is installed (no
     GPU needed); where it is not (macOS), returns the value that rule gives.
     """
-    from types import SimpleNamespace
-
     import torch
 
     try:
@@ -157,7 +161,7 @@ def gpu_block_size(head_dim: int = 64) -> tuple[int, int]:
         return (64, 64) if head_dim <= 128 else (32, 32)
 
     x = torch.zeros(1, 1, head_dim)
-    problem = SimpleNamespace(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
+    problem = _triton.Flat(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
     consts = _triton._launch_args(problem)[-1]
     return consts["BLOCK_M"], consts["BLOCK_N"]
 
@@ -289,7 +293,7 @@ def ring_schedule(world_size: int) -> list[list[int]]:
 
     return [
         [
-            _Ring.owner(SimpleNamespace(rank=r, world=world_size), t)
+            _Ring.owner(cast(_Ring, SimpleNamespace(rank=r, world=world_size)), t)
             for t in range(world_size)
         ]
         for r in range(world_size)
