@@ -52,7 +52,15 @@ def repeat_kv_heads(x: Tensor, groups: int) -> Tensor:
     Shapes: ``x`` is ``(..., Hkv, S, D)``; the result is ``(..., Hkv * groups,
     S, D)``.
 
-    Equivalent to ``x.repeat_interleave(groups, dim=-3)``.
+    Equivalent to ``x.repeat_interleave(groups, dim=-3)``:
+
+    >>> import torch
+    >>> from softmaxbook import decode
+    >>> k = torch.randn(2, 2, 5, 8)  # (B, H_kv, S, D)
+    >>> decode.repeat_kv_heads(k, 3).shape
+    torch.Size([2, 6, 5, 8])
+    >>> torch.equal(decode.repeat_kv_heads(k, 3), k.repeat_interleave(3, dim=-3))
+    True
 
     Raises
     ------
@@ -91,7 +99,16 @@ def aligned_causal_mask(
     Shapes: returns ``(L, S)`` (``S`` defaults to ``L``), dtype ``bool``.
 
     Equivalent to ``torch.ones(L, S, dtype=torch.bool).tril(S - L)`` for
-    ``"bottom_right"`` and ``.tril()`` for ``"top_left"``.
+    ``"bottom_right"`` and ``.tril()`` for ``"top_left"``:
+
+    >>> import torch
+    >>> from softmaxbook import decode
+    >>> mask = decode.aligned_causal_mask(2, 5, align="bottom_right")
+    >>> torch.equal(mask, torch.ones(2, 5, dtype=torch.bool).tril(5 - 2))
+    True
+    >>> mask.int()  # two new queries after three cached keys
+    tensor([[1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1]], dtype=torch.int32)
 
     Raises
     ------
@@ -156,7 +173,16 @@ def split_k_attention(
 
     Equivalent to ``flash_attention(q, k, v, mask=mask, is_causal=is_causal,
     scale=scale, enable_gqa=enable_gqa, return_lse=return_lse)`` up to
-    rounding.
+    rounding:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> from softmaxbook import decode
+    >>> q = torch.randn(2, 4, 1, 16)  # one new query per head
+    >>> k, v = torch.randn(2, 4, 300, 16), torch.randn(2, 4, 300, 16)  # the cache
+    >>> out = decode.split_k_attention(q, k, v, splits=4)
+    >>> torch.allclose(out, sb.flash_attention(q, k, v), atol=1e-6)
+    True
 
     Parameters
     ----------

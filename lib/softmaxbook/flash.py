@@ -1026,7 +1026,18 @@ def flash_attention_backward(
     ``grad_out`` is a deprecated spelling of ``grad_output``.)
 
     Equivalent to ``torch.autograd.grad(flash_attention(q, k, v), (q, k, v),
-    grad_output)`` when ``out`` and ``lse`` are that call's.
+    grad_output)`` when ``out`` and ``lse`` are that call's:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> q, k, v = torch.randn(3, 2, 5, 8, dtype=torch.float64).unbind(0)
+    >>> g = torch.randn(2, 5, 8, dtype=torch.float64)
+    >>> out, lse = sb.flash_attention(q, k, v, return_lse=True)
+    >>> grads = sb.flash_attention_backward(q, k, v, out, lse, g)
+    >>> leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    >>> expected = torch.autograd.grad(sb.flash_attention(*leaves), leaves, g)
+    >>> all(torch.allclose(a, b) for a, b in zip(grads, expected))
+    True
 
     Raises
     ------
@@ -1136,7 +1147,19 @@ def flash_attention_steps(
     there); each :class:`FlashStep` holds
     ``(..., bq)`` and ``(..., bq, Dv)`` tensors for its query block.
 
-    Equivalent to iterating the loop nest of Dao et al. (2022), Algorithm 1.
+    Equivalent to iterating the loop nest of Dao et al. (2022), Algorithm 1;
+    the last step of each query block holds its output:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> q, k, v = torch.randn(4, 8), torch.randn(10, 8), torch.randn(10, 3)
+    >>> steps = list(sb.flash_attention_steps(q, k, v, block_size=(4, 4)))
+    >>> len(steps)  # one query block, three key blocks (4 + 4 + 2 keys)
+    3
+    >>> last = steps[-1]
+    >>> out = last.acc / last.sum[..., None]
+    >>> torch.allclose(out, sb.flash_attention(q, k, v), atol=1e-6)
+    True
 
     Raises
     ------

@@ -273,7 +273,16 @@ def flex_attention(
 
     Equivalent to ``scaled_dot_product_attention`` on
     ``score_mod(q @ k.mT * scale, b, h, i, j)`` with
-    ``mask=mask_from_mod(mask_mod, B, H, L, S)``.
+    ``mask=mask_from_mod(mask_mod, B, H, L, S)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> q, k, v = torch.randn(3, 2, 4, 6, 8).unbind(0)  # (B, H, L, D) each
+    >>> def causal(b, h, q_idx, kv_idx):
+    ...     return kv_idx <= q_idx
+    >>> out = sb.flex_attention(q, k, v, mask_mod=causal)
+    >>> torch.allclose(out, sb.scaled_dot_product_attention(q, k, v, is_causal=True))
+    True
 
     Parameters
     ----------

@@ -96,7 +96,16 @@ def merge_attention_states(
 
     Equivalent to ``(w_a * out_a + w_b * out_b, lse)`` with
     ``lse = torch.logaddexp(lse_a, lse_b)`` and ``w = torch.exp(lse_x - lse)[...,
-    None]``.
+    None]``; merging two halves of the keys gives attention over all of them:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> q, k, v = torch.randn(4, 8), torch.randn(10, 8), torch.randn(10, 3)
+    >>> out_a, lse_a = sb.flash_attention(q, k[:6], v[:6], return_lse=True)
+    >>> out_b, lse_b = sb.flash_attention(q, k[6:], v[6:], return_lse=True)
+    >>> out, lse = sb.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    >>> torch.allclose(out, sb.flash_attention(q, k, v), atol=1e-6)
+    True
 
     Raises
     ------

@@ -89,7 +89,19 @@ def ring_attention(
     ``is_causal``); returns ``(..., L, Dv)`` in the dtype of ``q``.
 
     Equivalent to ``flash_attention(q, torch.cat(all_k, -2), torch.cat(all_v,
-    -2), is_causal=is_causal, scale=scale)[..., rows of this rank, :]``.
+    -2), is_causal=is_causal, scale=scale)[..., rows of this rank, :]``; here
+    in a process group of one (:func:`run_ring_attention` starts several):
+
+    >>> import torch
+    >>> import torch.distributed as dist
+    >>> import softmaxbook as sb
+    >>> from softmaxbook import ring
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> q, k, v = torch.randn(3, 2, 6, 8).unbind(0)  # (H, L, D) each
+    >>> out = ring.ring_attention(q, k, v, is_causal=True)
+    >>> torch.allclose(out, sb.flash_attention(q, k, v, is_causal=True), atol=1e-6)
+    True
+    >>> dist.destroy_process_group()
 
     Raises
     ------
@@ -309,7 +321,21 @@ def run_ring_attention(
     Dv)`` with the same batch dimensions; ``grad_output`` ``(..., L, Dv)``.
 
     Equivalent to ``flash_attention(q, k, v, is_causal=is_causal,
-    scale=scale)`` (and its gradients), computed by ``world_size`` processes.
+    scale=scale)`` (and its gradients), computed by ``world_size`` processes:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> from softmaxbook import ring
+    >>> q, k, v = torch.randn(3, 2, 6, 8, dtype=torch.float64).unbind(0)
+    >>> g = torch.randn(2, 6, 8, dtype=torch.float64)
+    >>> run = ring.run_ring_attention(q, k, v, world_size=2, grad_output=g)
+    >>> leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    >>> out = sb.flash_attention(*leaves)
+    >>> torch.allclose(run.out, out)
+    True
+    >>> expected = torch.autograd.grad(out, leaves, g)
+    >>> all(torch.allclose(a, b) for a, b in zip(run.grads, expected))
+    True
 
     Raises
     ------

@@ -50,7 +50,13 @@ def softmax(x: Tensor, dim: int = -1, *, temperature: float = 1.0) -> Tensor:
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
-    Equivalent to ``torch.softmax(x / temperature, dim)``.
+    Equivalent to ``torch.softmax(x / temperature, dim)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(3, 5)
+    >>> torch.allclose(sb.softmax(x, temperature=2.0), torch.softmax(x / 2.0, -1))
+    True
 
     Parameters
     ----------

@@ -103,7 +103,15 @@ def scalable_softmax(
     and dtype of ``x``.
 
     Equivalent to ``torch.softmax(s * math.log(n) * x, dim)`` for a row of
-    ``n`` finite scores.
+    ``n`` finite scores:
+
+    >>> import math
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(2, 64)
+    >>> expected = torch.softmax(0.43 * math.log(64) * x, -1)
+    >>> torch.allclose(sb.scalable_softmax(x, s=0.43), expected)
+    True
 
     Parameters
     ----------

@@ -72,7 +72,16 @@ def softmax_one(x: Tensor, dim: int = -1) -> Tensor:
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to ``torch.softmax(torch.cat([x, zeros], dim), dim)`` with
-    the last entry dropped.
+    the last entry dropped:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(3, 5)
+    >>> with_zero = torch.cat([x, torch.zeros(3, 1)], -1)
+    >>> torch.allclose(sb.softmax_one(x), torch.softmax(with_zero, -1)[:, :-1])
+    True
+    >>> sb.softmax_one(torch.full((3,), -20.0)).sum() < 1e-8  # can attend to nothing
+    tensor(True)
 
     Parameters
     ----------
@@ -138,7 +147,14 @@ def relu_normalize(x: Tensor, dim: int = -1) -> Tensor:
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to ``torch.relu(x) / torch.relu(x).sum(dim, keepdim=True)``
-    where that sum is positive.
+    where that sum is positive:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.tensor([[2.0, -1.0, 1.0, 1.0], [-1.0, -2.0, 0.0, -3.0]])
+    >>> sb.relu_normalize(x)  # a row with nothing positive gets zeros
+    tensor([[0.5000, 0.0000, 0.2500, 0.2500],
+            [0.0000, 0.0000, 0.0000, 0.0000]])
 
     Parameters
     ----------
@@ -212,7 +228,14 @@ def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Te
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
-    Equivalent to ``torch.sigmoid(x + bias)``.
+    Equivalent to ``torch.sigmoid(x + bias)``:
+
+    >>> import math
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(2, 8)
+    >>> torch.allclose(sb.sigmoid_normalize(x), torch.sigmoid(x - math.log(8)))
+    True
 
     Parameters
     ----------

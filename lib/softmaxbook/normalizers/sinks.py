@@ -206,7 +206,16 @@ def softpick(x: Tensor, dim: int = -1) -> Tensor:
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to ``relu(expm1(x)) / expm1(x).abs().sum(dim, keepdim=True)``
-    where that sum is positive and nothing overflows.
+    where that sum is positive and nothing overflows:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(3, 6)
+    >>> e = torch.expm1(x)
+    >>> torch.allclose(sb.softpick(x), torch.relu(e) / e.abs().sum(-1, keepdim=True))
+    True
+    >>> sb.softpick(torch.tensor([0.0, -1.0, -2.0]))  # no score above 0: no weight
+    tensor([0., 0., 0.])
 
     Parameters
     ----------
@@ -279,7 +288,14 @@ def clipped_softmax(
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to
-    ``torch.clip((zeta - gamma) * torch.softmax(x, dim) + gamma, 0, 1)``.
+    ``torch.clip((zeta - gamma) * torch.softmax(x, dim) + gamma, 0, 1)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(3, 6)
+    >>> stretched = (1.0 + 0.025) * torch.softmax(x, -1) - 0.025
+    >>> torch.allclose(sb.clipped_softmax(x), stretched.clip(0, 1))
+    True
 
     Parameters
     ----------
@@ -342,7 +358,12 @@ def relu_attention(x: Tensor, dim: int = -1) -> Tensor:
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
-    Equivalent to ``torch.relu(x) / x.shape[dim]`` on a row without ``-inf``.
+    Equivalent to ``torch.relu(x) / x.shape[dim]`` on a row without ``-inf``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> sb.relu_attention(torch.tensor([2.0, -1.0, 1.0, 1.0]))
+    tensor([0.5000, 0.0000, 0.2500, 0.2500])
 
     Parameters
     ----------

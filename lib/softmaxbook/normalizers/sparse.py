@@ -258,7 +258,17 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     the same shape and dtype.
 
     Equivalent to ``entmax.sparsemax(x, dim)`` of the ``entmax`` package and
-    to :func:`softmaxbook.reference.sparsemax`.
+    to :func:`softmaxbook.reference.sparsemax`:
+
+    >>> import numpy as np
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> from softmaxbook import reference
+    >>> sb.sparsemax(torch.tensor([1.0, 0.8, -1.0]))  # tau = 0.4
+    tensor([0.6000, 0.4000, 0.0000])
+    >>> x = torch.randn(4, 10, dtype=torch.float64)
+    >>> np.allclose(sb.sparsemax(x).numpy(), reference.sparsemax(x.numpy()))
+    True
 
     Parameters
     ----------
@@ -303,7 +313,13 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to ``entmax.entmax15(x, dim)`` of the ``entmax`` package, and
-    to ``entmax_bisect(x, alpha=1.5, dim)`` up to the bisection's tolerance.
+    to ``entmax_bisect(x, alpha=1.5, dim)`` up to the bisection's tolerance:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(4, 10, dtype=torch.float64)
+    >>> torch.allclose(sb.entmax15(x), sb.entmax_bisect(x, alpha=1.5), atol=1e-10)
+    True
 
     Parameters
     ----------
@@ -404,7 +420,13 @@ def entmax_bisect(
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
     Equivalent to ``entmax.entmax_bisect(x, alpha, dim, n_iter)`` of the
-    ``entmax`` package.
+    ``entmax`` package; ``alpha = 2`` is sparsemax:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(4, 10, dtype=torch.float64)
+    >>> torch.allclose(sb.entmax_bisect(x, alpha=2.0), sb.sparsemax(x), atol=1e-10)
+    True
 
     Parameters
     ----------

@@ -108,7 +108,16 @@ def stick_breaking(x: Tensor, dim: int = -1, *, attend_current: bool = True) -> 
 
     Equivalent, along the last dimension, to ``b * torch.cat([left[..., 1:],
     ones], -1)`` with ``b = torch.sigmoid(x)`` and
-    ``left = (1 - b).flip(-1).cumprod(-1).flip(-1)``.
+    ``left = (1 - b).flip(-1).cumprod(-1).flip(-1)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> x = torch.randn(3, 6)
+    >>> b = torch.sigmoid(x)
+    >>> left = (1 - b).flip(-1).cumprod(-1).flip(-1)
+    >>> expected = b * torch.cat([left[..., 1:], torch.ones(3, 1)], -1)
+    >>> torch.allclose(sb.stick_breaking(x), expected)
+    True
 
     Parameters
     ----------
