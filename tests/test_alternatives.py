@@ -120,6 +120,23 @@ def test_candidates_only_are_sorted_on_normal_rows(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("n", [1, 16, alt._SORT_AT_MOST, alt._SORT_AT_MOST + 1])
+def test_short_rows_are_sorted_whole(name, n, monkeypatch):
+    # Up to _SORT_AT_MOST keys a row is sorted once, whole; one key more takes the
+    # candidate search. Both exact.
+    x = scores((6, n), scale=2.0)
+    shapes = _spy_thresholds(monkeypatch)
+    got = getattr(sb, name)(x)
+    if n <= alt._SORT_AT_MOST:
+        assert shapes == [(6, n)]
+    else:
+        assert all(width < n for _, width in shapes[:1])
+    torch.testing.assert_close(
+        got, getattr(entmax, name)(x, dim=-1), atol=1e-12, rtol=0
+    )
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
 def test_rows_with_many_candidates_fall_back_to_the_full_sort(name, monkeypatch):
     # Scores of a small spread: most keys are candidates, so those rows are sorted in
     # full (the fallback), the others through their candidates; all exact.

@@ -60,6 +60,11 @@ _MARGIN = 1e-4
 # A row with more candidates than this share of its length is sorted in full: the
 # fallback for wide supports (scores of a small spread, long runs of ties).
 _FULL_SORT_SHARE = 4
+# Rows of at most this many keys are sorted whole: on short rows one sort costs
+# less than the candidate search's bookkeeping (its host syncs and compactions).
+# Measured on one CPU thread: (4, 16) rows 0.16 ms sorted against 0.66 ms by the
+# search; at 256 keys and more the search wins.
+_SORT_AT_MOST = 128
 
 
 def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
@@ -142,11 +147,14 @@ def _exact_threshold(z: Tensor, kind: str) -> Tensor:
     One pass over the scores collects those candidates (a few percent of a row of
     N(0, 1) scores); for 1.5-entmax a few Newton steps on the candidates alone raise
     the bound and drop most of them; the few left are sorted and the exact
-    sort-based formula runs on them. The fallback sorts a row in full: a row whose
+    sort-based formula runs on them. Short rows are sorted in full at once. The
+    fallback sorts a row in full: a row whose
     candidates are too many for this to pay (scores of a small spread, long runs of
     ties), or whose threshold came out below the bound that chose its candidates
     (then its support might reach past them; only rounding can cause that).
     """
+    if z.shape[-1] <= _SORT_AT_MOST:
+        return _sorted_threshold(z.sort(dim=-1, descending=True).values, kind)[0]
     bound = z.new_full((z.shape[0], 1), _T0[kind])
     # (R, k): every key of the support is among these; -inf and nan never are.
     v, full = _compact(z, z > bound, _FULL_SORT_SHARE)
