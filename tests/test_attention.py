@@ -689,3 +689,24 @@ def test_fused_path_keeps_the_argument_errors():
         attn(q, k, v, enable_gqa=1)
     with pytest.raises(TypeError, match="explicit must be a bool"):
         attn(q, k, v, explicit="yes")
+
+
+@pytest.mark.parametrize("spelling", ["name", "function", "entry"])
+def test_softmax_is_softmax_however_it_is_named(spelling):
+    # "softmax", sb.softmax and its registry entry are one normalizer: each takes
+    # the fused path and accepts sinks (only softmax has sink logits).
+    normalizer = {
+        "name": "softmax",
+        "function": sb.softmax,
+        "entry": sb.NORMALIZERS["softmax"],
+    }[spelling]
+    q = torch.randn(1, 2, 4, 8)
+    decision = sb.explain_dispatch(
+        "scaled_dot_product_attention", q, q, q, normalizer=normalizer
+    )
+    assert decision.path == "fused"
+    sinks = torch.zeros(2)
+    torch.testing.assert_close(
+        sb.scaled_dot_product_attention(q, q, q, normalizer=normalizer, sinks=sinks),
+        sb.scaled_dot_product_attention(q, q, q, sinks=sinks),
+    )

@@ -283,7 +283,9 @@ def _resolve(
         caller="scaled_dot_product_attention",
     )  # fmt: skip
     name, normalize = resolve_normalizer(normalizer)
-    is_softmax = name == "softmax" and normalize is NORMALIZERS.get("softmax")
+    # softmax by name, as its registry entry, or as the function itself.
+    softmax = NORMALIZERS["softmax"]
+    is_softmax = normalize is softmax or normalize is softmax.function
     if sinks is not None and not is_softmax:
         raise ValueError(
             "sinks are sink logits of the softmax (as in gpt-oss); with another "
