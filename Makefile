@@ -91,7 +91,7 @@ test-portable: $(STAMP)
 # tests of the website, the workflows and the student tool need the book's tools, not
 # the library's lower bounds, and are left to `make test`.
 OLDEST   := .venv-oldest
-OLDEST_PINS := torch==2.2.0 numpy==1.24.0 matplotlib==3.7.0
+OLDEST_PINS := torch==2.5.0 numpy==1.24.0 matplotlib==3.7.0
 test-oldest:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet $(OLDEST_PINS) entmax==1.3 tqdm ipython \

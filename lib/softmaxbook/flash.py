@@ -683,7 +683,8 @@ def _run(
 
 def _as_additive(keep: Tensor, dtype: torch.dtype) -> Tensor:
     """A boolean mask as an additive one: True (may attend) -> 0, False -> -inf."""
-    return torch.zeros(keep.shape, dtype=dtype).masked_fill_(~keep, float("-inf"))
+    zeros = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+    return zeros.masked_fill_(~keep, float("-inf"))
 
 
 def _vmapped_first(info: Any, in_dims: tuple, tensors: tuple) -> list:
