@@ -394,3 +394,14 @@ def test_the_old_modules_forward_with_a_warning(old, name, new):
 def test_softmax_is_a_function_not_a_module():
     assert inspect.isfunction(sb.softmax)
     assert importlib.util.find_spec("softmaxbook.softmax") is None
+
+
+def test_a_registry_entry_takes_dim_by_keyword_only():
+    # sink_softmax's second parameter is sinks, entmax_bisect's alpha: a positional
+    # "dim" through the registry would silently be read as that option.
+    x = torch.randn(3, 5)
+    with pytest.raises(TypeError):
+        NORMALIZERS["sink_softmax"](x, 0)
+    torch.testing.assert_close(
+        NORMALIZERS["sink_softmax"](x, dim=0), sb.sink_softmax(x, dim=0)
+    )

@@ -71,9 +71,14 @@ class NormalizerInfo:
     parameters: tuple[str, ...]
     aliases: tuple[str, ...] = ()
 
-    def __call__(self, scores: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        """Call the function: ``NORMALIZERS[name](scores, dim=-1)``."""
-        return self.function(scores, *args, **kwargs)
+    def __call__(self, scores: Tensor, *, dim: int = -1, **options: Any) -> Tensor:
+        """Call the function: ``NORMALIZERS[name](scores, dim=-1, **options)``.
+
+        ``dim`` and the options are keywords here: the functions differ in what their
+        second positional parameter is (``dim`` for most, ``sinks`` for
+        ``sink_softmax``, ``alpha`` for ``entmax_bisect``).
+        """
+        return self.function(scores, dim=dim, **options)
 
 
 #: Every normalizer by name (and alias) -> its :class:`NormalizerInfo`.
