@@ -11,7 +11,7 @@ Shapes: ``x`` is ``(..., N)`` and the functions reduce along ``axis``
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
+from numpy.typing import ArrayLike
 
 __all__ = [
     "naive_softmax",
@@ -23,14 +23,14 @@ __all__ = [
 ]
 
 
-def _as_float64(x: npt.ArrayLike) -> np.ndarray:
+def _as_float64(x: ArrayLike) -> np.ndarray:
     x = np.asarray(x)
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise TypeError(f"x must be a real numeric array, got dtype {x.dtype}")
     return x.astype(np.float64)
 
 
-def naive_softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
+def naive_softmax(x: ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Softmax straight from the definition: :math:`e^{x_i} / \sum_j e^{x_j}`.
 
     Deliberately unstable: ``exp`` overflows to ``inf`` for inputs above about
@@ -49,7 +49,7 @@ def naive_softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
         return e / e.sum(axis=axis, keepdims=True)
 
 
-def softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
+def softmax(x: ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Stable softmax: :math:`e^{x_i - m} / \sum_j e^{x_j - m}` with
     :math:`m = \max_j x_j`.
 
@@ -76,7 +76,7 @@ def softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
         return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
 
 
-def logsumexp(x: npt.ArrayLike, axis: int = -1, keepdims: bool = False) -> np.ndarray:
+def logsumexp(x: ArrayLike, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     r"""Stable :math:`\log \sum_j e^{x_j} = m + \log \sum_j e^{x_j - m}`,
     :math:`m = \max_j x_j`.
 
@@ -98,7 +98,7 @@ def logsumexp(x: npt.ArrayLike, axis: int = -1, keepdims: bool = False) -> np.nd
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
-def log_softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
+def log_softmax(x: ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Stable :math:`\log \mathrm{softmax}(x)_i = x_i - \operatorname{logsumexp}(x)`.
 
     Never takes the log of a rounded-to-zero probability, so very negative
@@ -116,7 +116,7 @@ def log_softmax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
     return x - logsumexp(x, axis=axis, keepdims=True)
 
 
-def online_softmax(x: npt.ArrayLike, axis: int = -1, block_size: int = 1) -> np.ndarray:
+def online_softmax(x: ArrayLike, axis: int = -1, block_size: int = 1) -> np.ndarray:
     r"""Streaming softmax of Milakov & Gimelshein (2018): one pass for the normalizer.
 
     Reads the row in blocks while keeping a running maximum :math:`m` and a
@@ -153,7 +153,7 @@ def online_softmax(x: npt.ArrayLike, axis: int = -1, block_size: int = 1) -> np.
     return np.moveaxis(out, -1, axis)
 
 
-def sparsemax(x: npt.ArrayLike, axis: int = -1) -> np.ndarray:
+def sparsemax(x: ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the
     simplex.
 
