@@ -1,0 +1,1 @@
+"""The course kit of 'Softmax in Attention': assignments, a sandboxed grader, exports."""
