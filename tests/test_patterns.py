@@ -133,9 +133,37 @@ def test_sliding_window_limits_and_torch_agreement():
     q, k, v = (torch.randn(2, 8, 4, generator=g, dtype=torch.float64) for _ in "qkv")
     mask = sb.sliding_window_mask(8, window=3)
     torch.testing.assert_close(
-        sb.scaled_dot_product_attention(q, k, v, mask=mask),
+        sb.scaled_dot_product_attention(q, k, v, mask=mask, explicit=True),
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
     )
+
+
+@pytest.mark.parametrize("L", range(1, 9))
+@pytest.mark.parametrize("S", range(1, 9))
+def test_sliding_window_limits_depend_on_L(L, S):
+    # The causal window is the causal mask exactly when window >= L (the causal
+    # mask's farthest pair is query L - 1 and key 0), whatever S is: window >= S
+    # is not enough when L > S. Two-sided, every pair is allowed exactly when
+    # window >= max(L, S), and a query sees at most 2 * window - 1 keys.
+    for window in range(1, 11):
+        causal = sb.sliding_window_mask(L, S, window=window)
+        assert torch.equal(causal, sb.causal_mask(L, S)) == (window >= L)
+        two_sided = sb.sliding_window_mask(L, S, window=window, causal=False)
+        assert bool(two_sided.all()) == (window >= max(L, S))
+        assert int(two_sided.sum(-1).max()) == min(2 * window - 1, S, L + window - 1)
+    if L > S:  # the docstring's old condition, window >= S, fails here
+        assert not torch.equal(
+            sb.sliding_window_mask(L, S, window=S), sb.causal_mask(L, S)
+        )
+
+
+def test_sliding_window_docstring_states_the_limits():
+    # The API page states the conditions that the test above checks.
+    doc = " ".join(sb.sliding_window_mask.__doc__.split())
+    assert "``window >= L``, whatever ``S`` is" in doc
+    assert "``window >= max(L, S)``" in doc
+    assert "``2 * window - 1`` keys" in doc
+    assert "``window >= S`` gives back the causal mask" not in doc
 
 
 def test_sliding_window_errors():

@@ -7,7 +7,8 @@ models combine a few more patterns, all built here from position indices:
   variable-length batch) must not attend across document boundaries;
   :func:`document_ids` builds the ids from the documents' lengths.
 * :func:`sliding_window_mask`: each query sees only its ``window`` most
-  recent keys (local attention).
+  recent keys, itself included (local attention), or, two-sided, the keys
+  less than ``window`` positions away on either side.
 * :func:`prefix_lm_mask`: a prefix that attends bidirectionally, followed
   by causal attention.
 * :func:`alibi_slopes` and :func:`alibi_bias`: ALiBi's additive distance
@@ -224,16 +225,22 @@ def sliding_window_mask(
     causal: bool = True,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    r"""Local attention: query :math:`i` sees the ``window`` keys
-    :math:`i - w < j \le i` (causal), or :math:`|i - j| < w` (two-sided).
+    r"""Local attention: query :math:`i` sees the keys :math:`i - w < j \le i`
+    (causal: at most ``window`` keys), or :math:`|i - j| < w` (two-sided: at
+    most ``2 * window - 1`` keys, ``window - 1`` on each side and itself).
 
-    ``window`` counts the keys a query sees *including itself*, the
+    ``window`` is the causal window's size, counting the query itself, the
     convention of Hugging Face ``transformers`` (its ``sliding_window``
     overlay keeps ``kv_idx > q_idx - sliding_window``); FlashAttention's
     ``window_size=(left, right)`` counts the keys on each side *besides*
-    the query, so a causal window ``w`` there is ``(w - 1, 0)``. Positions
-    are aligned at the top-left, like :func:`~softmaxbook.causal_mask`.
-    ``window >= S`` gives back the causal mask (or, two-sided, no mask).
+    the query, so a causal window ``w`` there is ``(w - 1, 0)`` and a
+    two-sided one ``(w - 1, w - 1)`` (when ``L == S``: flash-attn aligns its
+    window at the bottom-right, shifted by ``S - L``). Positions here are
+    aligned at the top-left, like :func:`~softmaxbook.causal_mask`, so the
+    causal mask's largest distance from a query to a key is ``L - 1``
+    (query ``L - 1``, key 0): the causal window is the causal mask exactly
+    when ``window >= L``, whatever ``S`` is, and the two-sided window
+    allows every pair exactly when ``window >= max(L, S)``.
 
     Shapes: returns ``(L, S)`` (``S`` defaults to ``L``), dtype ``bool``.
 
@@ -248,13 +255,22 @@ def sliding_window_mask(
     True
     >>> mask.sum(-1)  # the first query has only itself to see
     tensor([1, 2, 2, 2, 2])
+    >>> sb.sliding_window_mask(7, window=3, causal=False).sum(-1)  # 2 * 3 - 1
+    tensor([3, 4, 5, 5, 5, 4, 3])
+    >>> causal = sb.causal_mask(5, 3)  # L = 5 queries, S = 3 keys
+    >>> torch.equal(sb.sliding_window_mask(5, 3, window=3), causal)  # window = S
+    False
+    >>> torch.equal(sb.sliding_window_mask(5, 3, window=5), causal)  # window = L
+    True
 
     Parameters
     ----------
     L, S : int
         Numbers of queries and keys, ``>= 1`` (``S`` defaults to ``L``).
     window : int
-        Keys per query, ``>= 1``; 1 keeps only the diagonal.
+        The causal window's size, ``>= 1``: keys per query, the query
+        included (two-sided: up to ``2 * window - 1``); 1 keeps only the
+        diagonal.
     causal : bool
         Keys after the query are forbidden (``True``) or allowed within the
         window (``False``).
