@@ -224,6 +224,8 @@ def make_stub_source(source: str) -> str:
     for node in _functions(tree.body):
         body = node.body
         first = body[0]
+        if body[0].lineno == node.lineno:  # a one-line def: use the syntax tree
+            return _unparse_stub(tree)
         if (
             isinstance(first, ast.Expr)
             and isinstance(first.value, ast.Constant)
@@ -233,10 +235,13 @@ def make_stub_source(source: str) -> str:
             if not body:
                 spans.append((first.end_lineno or first.lineno, -1, ""))
                 continue
-        start, end = body[0].lineno, node.end_lineno or body[-1].lineno
-        if start == node.lineno:  # a one-line def: fall back to the syntax tree
-            return _unparse_stub(tree)
-        indent = lines[start - 1][: body[0].col_offset]
+            start = (first.end_lineno or first.lineno) + 1
+        else:
+            start = body[0].lineno
+            while start - 1 > node.lineno and lines[start - 2].strip().startswith("#"):
+                start -= 1  # comments above the first statement go too
+        end = node.end_lineno or body[-1].lineno
+        indent = " " * body[0].col_offset
         spans.append((start, end, indent))
     for start, end, indent in sorted(spans, reverse=True):
         if end == -1:  # docstring only: add the raise after it

@@ -1,0 +1,1 @@
+"""The `attention` assignment: its spec, reference solution and tests."""

@@ -1,0 +1,1 @@
+"""The `flash-attention` assignment: its spec, reference solution and tests."""

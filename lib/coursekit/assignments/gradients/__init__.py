@@ -1,0 +1,1 @@
+"""The `gradients` assignment: its spec, reference solution and tests."""

@@ -1,0 +1,1 @@
+"""The `softmax` assignment: its spec, reference solution and tests."""

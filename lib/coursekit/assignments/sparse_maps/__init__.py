@@ -1,0 +1,1 @@
+"""The `sparse-maps` assignment: its spec, reference solution and tests."""
