@@ -12,7 +12,7 @@ import torch
 
 import bookkit as bk
 import softmaxbook as sb
-from bookkit.notebook import MAX_GLUE_DIGITS, _rounded
+from bookkit.notebook import MAX_GLUE_DIGITS, _rounded, require
 
 
 @pytest.mark.parametrize(
@@ -101,23 +101,40 @@ def _without(monkeypatch, *names):
     )
 
 
-def test_setup_notebook_names_a_missing_package_and_the_install_line(monkeypatch):
+def test_setup_notebook_names_a_missing_package_why_and_the_install_line(monkeypatch):
     _without(monkeypatch, "entmax")
     with pytest.raises(ImportError) as error:
         bk.setup_notebook(seed=0, requires=("entmax", "torch"))
     message = str(error.value)
-    assert "This notebook needs entmax, which is not installed" in message
+    assert message.startswith(
+        "This notebook needs the package entmax, which is not installed"
+    )
+    # why chapter 6 needs it, and the lines that install it, in a cell and a terminal
+    assert "Why entmax: chapter 6 checks softmaxbook's sparsemax and entmax" in message
+    assert "%pip install entmax\n" in message
     assert 'pip install "softmaxbook[book]"' in message
+    assert "torch" not in message.split("\n")[0]  # only what is missing
     assert error.value.name == "entmax"
 
 
-def test_setup_notebook_lists_every_missing_package(monkeypatch):
+def test_require_lists_every_missing_package(monkeypatch):
     _without(monkeypatch, "entmax", "tqdm", "no_such_package")
     with pytest.raises(ImportError, match="entmax and tqdm and no_such_package") as e:
         bk.setup_notebook(requires=["entmax", "tqdm", "no_such_package"])
-    assert 'pip install "softmaxbook[book]" && pip install no_such_package' in str(
-        e.value
-    )
+    message = str(e.value)
+    assert "%pip install entmax tqdm no_such_package" in message
+    assert "Why tqdm: the case study" in message
+    assert "Why no_such_package" not in message
+    with pytest.raises(ImportError, match="train needs the package tqdm"):
+        require("tqdm", needed_by="train")
+
+
+def test_require_without_a_known_package_gives_only_the_install_line(monkeypatch):
+    _without(monkeypatch, "no_such_package")
+    with pytest.raises(ImportError) as e:
+        require("no_such_package")
+    assert "%pip install no_such_package" in str(e.value)
+    assert "softmaxbook[book]" not in str(e.value)
 
 
 def test_setup_notebook_with_installed_requirements_returns_the_device():

@@ -11,8 +11,10 @@ laptop, in Colab and on a GPU server::
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
+import sys
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -20,11 +22,10 @@ import numpy as np
 import torch
 
 from softmaxbook import get_device
-from softmaxbook._validate import check_installed
 
 from .plotting import use_style
 
-__all__ = ["setup_notebook", "glue"]
+__all__ = ["setup_notebook", "require", "glue"]
 
 #: What :func:`glue` records: a number, a string or None, also a NumPy scalar or a
 #: 0-d tensor (stored as the Python number it holds).
@@ -59,8 +60,7 @@ def setup_notebook(
     Raises
     ------
     ImportError
-        If a package in ``requires`` is not installed. The message names the
-        packages and the ``pip install`` line that installs them.
+        If a package in ``requires`` is not installed: see :func:`require`.
     TypeError
         If ``requires`` is not a sequence of names.
 
@@ -71,7 +71,7 @@ def setup_notebook(
         import bookkit as bk
         device = bk.setup_notebook(seed=0, requires=("entmax",))
     """
-    check_installed(requires, "This notebook")
+    require(requires, needed_by="This notebook")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -79,6 +79,75 @@ def setup_notebook(
     np.set_printoptions(precision=precision, suppress=True)
     use_style()
     return get_device()
+
+
+#: Why a page of the book needs each optional package, said when it is missing.
+#: They all come with ``pip install "softmaxbook[book]"``.
+WHY_NEEDED = {
+    "entmax": (
+        "chapter 6 checks softmaxbook's sparsemax and entmax against the entmax "
+        "package (https://github.com/deep-spin/entmax) and times them side by side"
+    ),
+    "tqdm": "the case study's training loop shows its progress with it",
+    "triton": (
+        "the page runs softmaxbook's Triton kernels (in Triton's CPU interpreter "
+        "when there is no GPU); Triton is built for Linux only: elsewhere, read "
+        "this page on the book's website"
+    ),
+}
+
+
+def require(packages: str | Sequence[str], *, needed_by: str = "This notebook") -> None:
+    """Stop with a clear message if an optional package is not installed.
+
+    Each missing package is named with why the book needs it and the line that
+    installs it, in a notebook cell (``%pip install``) and in a terminal. The
+    packages are looked up, not imported, so the check is cheap. A page calls
+    it (through :func:`setup_notebook`) before it imports the package.
+
+    Parameters
+    ----------
+    packages : str or sequence of str
+        Import names, e.g. ``"entmax"`` or ``("entmax", "tqdm")``.
+    needed_by : str
+        Who needs them, the start of the message.
+
+    Raises
+    ------
+    ImportError
+        If a package is not installed; its ``name`` is the first missing one.
+    TypeError
+        If ``packages`` is not a name or a sequence of names.
+
+    Examples
+    --------
+    >>> require(("torch", "numpy"))  # installed: nothing happens
+    """
+    names = (packages,) if isinstance(packages, str) else tuple(packages)
+    if not all(isinstance(name, str) and name for name in names):
+        raise TypeError(
+            f"packages must be names of packages, e.g. ('entmax',), got {packages!r}"
+        )
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    them = "it" if len(missing) == 1 else "them"
+    lines = [
+        f"{needed_by} needs the package{'s' if len(missing) > 1 else ''} "
+        f"{' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+        f"not installed in this Python ({sys.executable})."
+    ]
+    lines += [f"Why {n}: {WHY_NEEDED[n]}." for n in missing if n in WHY_NEEDED]
+    lines += [
+        f"Install {them} in a notebook cell with:  %pip install {' '.join(missing)}",
+        "and run this cell again.",
+    ]
+    if any(name in WHY_NEEDED for name in missing):
+        lines.append(
+            'In a terminal, pip install "softmaxbook[book]" installs every package '
+            "the chapters use (entmax, tqdm and, on Linux, triton)."
+        )
+    raise ImportError("\n".join(lines), name=missing[0])
 
 
 def glue(name: str, value: Gluable, *, digits: int = 4, display: bool = False) -> None:
