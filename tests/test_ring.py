@@ -141,3 +141,27 @@ def test_bfloat16_inputs_give_bfloat16_results_rounded_once():
     for ring_grad, grad in zip(run.grads, exact_grads, strict=True):
         rounding = (grad.bfloat16().double() - grad).abs().max()
         assert (ring_grad.double() - grad).abs().max() <= 2 * rounding
+
+
+def test_a_rank_holds_at_most_three_key_value_blocks_as_documented():
+    # By the ring's own rule (_Ring.owner), rank r holds at step t its own block,
+    # the block of rank r - t (attended to and sent on) and, before the last step,
+    # the block of rank r - t - 1 arriving: three distinct blocks from W = 3 on.
+    from softmaxbook import ring
+
+    for world in (2, 3, 4, 8):
+        most = 0
+        for rank in range(world):
+            r = object.__new__(ring._Ring)
+            r.rank, r.world = rank, world
+            for step in range(world):
+                held = {rank, r.owner(step)}
+                if step < world - 1:
+                    held.add(r.owner(step + 1))  # arriving while this one is sent
+                most = max(most, len(held))
+        assert most == min(world, 3)
+    for doc in (ring.__doc__, ring.ring_attention.__doc__):
+        text = " ".join(doc.split())
+        assert "three key and value blocks" in text, text[:200]
+        assert "two key and value blocks" not in text
+        assert "two blocks of keys" not in text

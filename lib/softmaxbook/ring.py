@@ -8,16 +8,18 @@ rank :math:`r - t`, while it already sends that block on to rank
 gives a partial result over one block of keys, and partial results merge
 exactly through their logsumexps (:func:`~softmaxbook.merge_attention_states`):
 after :math:`W` steps every rank holds the attention output of its queries
-over the whole sequence, and no rank ever held more than two blocks of keys
-and values (Liu et al., 2023). The backward pass sends the blocks around
-again, each followed by the gradient accumulated for it so far, which
-arrives back at its owner after the last step.
+over the whole sequence (Liu et al., 2023). A rank holds at most three key and
+value blocks at a time: its own (kept for the backward pass), the one it
+attends to while sending it on, and the one arriving (at step 0 the first two
+are the same block, and nothing arrives after the last step). The backward
+pass sends the blocks around again, each followed by the gradient accumulated
+for it so far, which arrives back at its owner after the last step.
 
 The communication is ``torch.distributed`` point-to-point (``isend``,
-``irecv``), so the same code runs with the ``gloo`` backend between CPU
-processes and with ``nccl`` between GPUs. :func:`run_ring_attention` starts
-the processes on this machine (``gloo``, loopback address only) for
-experiments and tests.
+``irecv``), which both the ``gloo`` backend (CPU processes) and ``nccl``
+(GPUs) provide; the tests run it with ``gloo`` only.
+:func:`run_ring_attention` starts the processes on this machine (``gloo``,
+loopback address only) for experiments and tests.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def ring_attention(
 
     computed by passing the key and value blocks around the ring and merging
     the partial results through their logsumexps. Each rank holds at most
-    two key and value blocks at a time: memory per rank falls as
+    three key and value blocks at a time (its own, the one it attends to
+    while sending it on, and the one arriving), so its memory falls as
     :math:`1/W` for a fixed sequence. Differentiable: the backward pass runs
     the ring again (:func:`~softmaxbook.flash_attention_backward` on each
     block, the block's gradient travelling with it).
