@@ -160,3 +160,34 @@ def test_adaptive_temperature_never_raises_the_entropy_and_leaves_sharp_rows():
     torch.testing.assert_close(
         sb.adaptive_temperature_softmax(sharp), torch.softmax(sharp, -1)
     )
+
+
+def test_adaptive_temperature_sharpens_only_entropies_between_the_polynomial_roots():
+    # poly(H) = 1 has two real roots, about 0.85 and 5.94 nats: beta > 1 only
+    # between them. Rows above the 0.5 threshold but below 0.85, and rows spread
+    # wider than 5.94 nats, come back as plain softmax (the docstring says so).
+    from softmaxbook.normalizers import length
+
+    poly = np.array(length._ENTROPY_POLYNOMIAL) - np.array([0, 0, 0, 0, 1.0])
+    real = sorted(r.real for r in np.roots(poly) if abs(r.imag) < 1e-9)
+    assert len(real) == 2
+    assert abs(real[0] - 0.8486) < 1e-3 and abs(real[1] - 5.9445) < 1e-3
+
+    def entropy(w):
+        return -(w * w.log()).sum(-1)
+
+    wide = torch.linspace(0.0, 1.0, 1024, dtype=torch.float64)  # H = 6.9, not flat
+    rows = [torch.tensor([gap, 0.0, 0.0, 0.0], dtype=torch.float64) for gap in (3, 1)]
+    for row, expect_sharper in zip(rows + [wide], (False, True, False), strict=True):
+        # one score ahead by 3 or by 1 among 4 keys (H = 0.53, 1.24); 1024 spread
+        p, a = torch.softmax(row, -1), sb.adaptive_temperature_softmax(row)
+        h = float(entropy(p))
+        inside = real[0] < h < real[1]
+        assert inside == expect_sharper, h
+        if inside:
+            assert float(entropy(a)) < h - 1e-3
+        else:
+            torch.testing.assert_close(a, p)
+    assert 0.5 < float(entropy(torch.softmax(torch.tensor([3.0, 0, 0, 0]), -1))) < 0.85
+    doc = " ".join(sb.adaptive_temperature_softmax.__doc__.split())
+    assert "0.85" in doc and "5.94" in doc

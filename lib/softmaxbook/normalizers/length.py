@@ -12,7 +12,8 @@ scores:
 - :func:`yarn_logit_scale`: the attention temperature of YaRN (Peng et al.,
   2024), a constant factor for a context window stretched :math:`s` times.
 - :func:`adaptive_temperature_softmax` (Veličković et al., 2024): sharpen a
-  row by a factor read off its own entropy, at inference time.
+  row by a factor read off its own entropy, at inference time (only rows of
+  entropy between about 0.85 and 5.94 nats).
 
 The normalizers take ``(x, dim)`` like the library's others, treat ``-inf``
 as a removed key, give zeros for a row with nothing left, and are built from
@@ -214,7 +215,11 @@ def adaptive_temperature_softmax(x: Tensor, dim: int = -1) -> Tensor:
     polynomial fitted in the paper (coefficients ``-0.037, 0.481, -2.3,
     4.917, -1.791``, highest power first), and take the softmax again. The
     temperature :math:`1/\beta` is never raised, and rows that are already
-    sharp (:math:`H \le 0.5`) are left as they are. The gradient flows
+    sharp (:math:`H \le 0.5`) are left as they are. The polynomial exceeds 1
+    only between its real roots of :math:`\mathrm{poly}(H) = 1`, about
+    :math:`H = 0.85` and :math:`H = 5.94` nats (the entropy of a uniform row
+    of 382 keys), so only rows in that range are sharpened; the others,
+    sharp or spread out, keep :math:`\beta = 1`. The gradient flows
     through :math:`\beta` too (it is a function of the scores).
 
     ``-inf`` entries get weight 0; a row of only ``-inf`` gives zeros.
