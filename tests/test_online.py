@@ -139,3 +139,18 @@ def test_merge_keeps_float32_states_when_asked():
     torch.testing.assert_close(rounded, out32.bfloat16(), rtol=0, atol=0)
     with pytest.raises(TypeError, match="out_dtype must be a floating"):
         sb.merge_attention_states(out_a, lse_a, out_b, lse_b, out_dtype=torch.int32)
+
+
+def test_reference_online_softmax_of_a_scalar_and_a_bad_axis():
+    # The NumPy reference treats a 0-d array as one row of one entry, as its
+    # softmax and sb.online_softmax do; it failed inside np.moveaxis with
+    # "source: axis -1 is out of bounds", naming no argument of its own.
+    import numpy as np
+
+    for value in (0.3, -1e4):
+        out = sb.reference.online_softmax(np.array(value))
+        assert out.shape == () and out == sb.reference.softmax(np.array(value)) == 1.0
+    with pytest.raises(ValueError, match=r"axis=1 is out of range for x with 0"):
+        sb.reference.online_softmax(np.array(2.0), axis=1)
+    with pytest.raises(ValueError, match=r"axis=-3 is out of range for x with 2"):
+        sb.reference.online_softmax(np.zeros((2, 3)), axis=-3)

@@ -137,6 +137,14 @@ def online_softmax(x: ArrayLike, axis: int = -1, block_size: int = 1) -> np.ndar
     x = _as_float64(x)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
+    ndim = max(x.ndim, 1)  # a 0-d array is one row of one entry, as for softmax
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"axis={axis} is out of range for x with {x.ndim} dimension(s); "
+            f"expected {-ndim} <= axis < {ndim}"
+        )
+    if x.ndim == 0:
+        return online_softmax(x.reshape(1), 0, block_size).reshape(())
     x = np.moveaxis(x, axis, -1)
     n = x.shape[-1]
     m = np.full(x.shape[:-1] + (1,), -np.inf)
