@@ -352,6 +352,24 @@ def test_kernel_source_is_the_triton_code():
         kernels.kernel_source("matmul")
 
 
+def test_the_backward_kernels_cost_seven_matrix_products_per_tile():
+    # Each backward kernel recomputes the tile of scores S and of dP: 4 products in
+    # the dK/dV kernel (S, dV, dP, dK), 3 in the dQ kernel (S, dP, dQ), against 4
+    # (dV, dP, dQ, dK) with the weights stored. The docstring states the count.
+    dots = {
+        name: kernels.kernel_source(name).count("tl.dot(")
+        for name in ("flash_attention", "flash_attention_dkdv", "flash_attention_dq")
+    }
+    assert dots == {
+        "flash_attention": 2,
+        "flash_attention_dkdv": 4,
+        "flash_attention_dq": 3,
+    }
+    doc = " ".join(kernels.triton_flash_backward.__doc__.split())
+    assert "7 matrix products (4 in the first kernel, 3 in the second)" in doc
+    assert "against 4 from stored weights" in doc
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="the interpreter is for CPU-only machines"
 )

@@ -1,9 +1,11 @@
 r"""FlashAttention: exact attention tile by tile, forward and backward.
 
-The forward pass (Dao et al., 2022) streams key and value tiles past each
-block of queries with the online softmax, so the ``(L, S)`` score matrix is
-never formed. The backward pass saves only ``q, k, v``, the output and the
-logsumexp of each row, and recomputes the tiles: with
+The forward pass (Dao et al., 2022), in FlashAttention-2's loop order (Dao,
+2024: query blocks outside, key blocks inside), streams key and value tiles
+past each block of queries with the online softmax, so the ``(L, S)`` score
+matrix is never formed. The backward pass saves only ``q, k, v``, the output
+and one logsumexp per row (FlashAttention-2's state; the original kept the
+row maximum and sum), and recomputes the tiles: with
 :math:`\delta_i = \sum_d dO_{id}\, O_{id}` the weights' gradient needs no
 stored weights (see :func:`flash_attention_backward`).
 
@@ -851,9 +853,10 @@ def flash_attention(
     r"""Exact attention computed tile by tile:
     :math:`\mathrm{softmax}(QK^\top \cdot \text{scale} + M)\,V`.
 
-    The algorithm of FlashAttention (Dao et al., 2022). Queries are cut into
-    blocks of ``block_q`` rows, keys and values into blocks of ``block_k``.
-    For each query row the loop over key blocks keeps a running maximum
+    The algorithm of FlashAttention (Dao et al., 2022), in the loop order of
+    FlashAttention-2 (Dao, 2024). Queries are cut into blocks of ``block_q``
+    rows, keys and values into blocks of ``block_k``. For each query row the
+    loop over key blocks keeps a running maximum
     :math:`m`, a running sum :math:`\ell` and an unnormalized output
     :math:`o`; a new tile of scores :math:`s` updates them as
 
@@ -892,8 +895,9 @@ def flash_attention(
 
     Equivalent to ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
     attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-    enable_gqa=enable_gqa)``, except that fully masked rows give zeros instead
-    of ``nan``.
+    enable_gqa=enable_gqa)`` for ``is_causal`` ``True`` or ``False`` (torch has
+    no bottom-right alignment). Fully masked rows give zeros, as torch's math
+    path and CPU kernels do since torch 2.5.
 
     Parameters
     ----------
@@ -1148,8 +1152,10 @@ def flash_attention_steps(
     there); each :class:`FlashStep` holds
     ``(..., bq)`` and ``(..., bq, Dv)`` tensors for its query block.
 
-    Equivalent to iterating the loop nest of Dao et al. (2022), Algorithm 1;
-    the last step of each query block holds its output:
+    Equivalent to iterating the loop nest of FlashAttention-2 (Dao, 2024,
+    Algorithm 1: query blocks outside, key blocks inside; the original
+    FlashAttention ran the key blocks outside); the last step of each query
+    block holds its output:
 
     >>> import torch
     >>> import softmaxbook as sb

@@ -3,7 +3,9 @@ FlashAttention, forward and backward.
 
 On a CUDA device with Triton installed, :func:`fused_softmax` and
 :func:`~softmaxbook.flash_attention` run these kernels; everywhere else they run
-the torch code (:func:`~softmaxbook.explain_dispatch` reports which, and why).
+torch code: ``torch.softmax``, and for attention on the CPU torch's own compiled
+FlashAttention kernel where it computes the same thing, otherwise the library's
+tile loops (:func:`~softmaxbook.explain_dispatch` reports which, and why).
 Triton is imported only when a kernel is first launched, so the library
 imports and works without it.
 
@@ -312,7 +314,11 @@ def triton_flash_backward(
     while the query blocks stream past; one program per block of queries
     does the same for :math:`dQ` (no atomics). Both recompute each tile of
     weights from the logsumexp, :math:`P = 2^{s_2 - \mathrm{lse}_2}` in base
-    2, and use :math:`dS = P \circ (dP - \delta)`: no weight is stored.
+    2, and use :math:`dS = P \circ (dP - \delta)`: no weight is stored. The
+    price is recomputation: both kernels form the tile of scores :math:`S`
+    and of :math:`dP`, so a tile costs 7 matrix products (4 in the first
+    kernel, 3 in the second) against 4 from stored weights (:math:`dV, dP,
+    dQ, dK`), and 5 in a single kernel that adds :math:`dQ` with atomics.
 
     Shapes: as :func:`triton_flash_forward`; ``grad_out`` ``(BH, R, Dv)``,
     ``lse`` and ``delta`` ``(BH, R)``, with :math:`\delta_r = \sum_d

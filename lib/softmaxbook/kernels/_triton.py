@@ -1,8 +1,8 @@
 """The Triton kernels and their launchers. Imported only on first use (it imports
 Triton).
 
-Both kernels follow the same plan: one *program* (a block of GPU threads)
-owns a piece of the output, loads what it needs from global memory once,
+Every kernel here follows the same plan: one *program* (a block of GPU
+threads) owns a piece of the output, loads what it needs from global memory once,
 computes in registers and writes its piece once. Triton compiles each
 ``@triton.jit`` function for the GPU, or, with ``TRITON_INTERPRET=1``, runs it
 program by program in NumPy on the CPU.
