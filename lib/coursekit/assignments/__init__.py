@@ -15,12 +15,13 @@ compare with (``_refs``, which uses :mod:`softmaxbook.reference`) are imported i
 from __future__ import annotations
 
 from .._model import Assignment
+from .attention.tests import ASSIGNMENT as _ATTENTION
 from .softmax.tests import ASSIGNMENT as _SOFTMAX
 
 __all__ = ["ASSIGNMENTS", "get_assignment"]
 
 #: The assignments by id, in the order a course meets them.
-ASSIGNMENTS: dict[str, Assignment] = {a.id: a for a in (_SOFTMAX,)}
+ASSIGNMENTS: dict[str, Assignment] = {a.id: a for a in (_SOFTMAX, _ATTENTION)}
 
 
 def get_assignment(id: str) -> Assignment:

@@ -506,3 +506,92 @@ def spec_text(package: str, tests: Sequence[TestCase]) -> str:
         "and dtypes, extreme inputs, gradients).",
     ]
     return text + "\n".join(rows) + "\n"
+
+
+def autograd_test(
+    *,
+    name: str,
+    points: float,
+    visibility: Visibility,
+    fn: str,
+    description: str,
+    noun: str,
+    case: Callable[[], dict[str, Any]],
+    expect: Callable[[dict[str, Any]], Tensor],
+    grads: Callable[[dict[str, Any]], list[Tensor]],
+    forbidden: tuple[str, ...] = (),
+    method: str | None = None,
+) -> TestCase:
+    """A test of the gradients autograd finds through ``fn``.
+
+    ``case()`` (grader) gives ``"args"``, ``"kwargs"``, ``"where"``, ``"wrt"`` (the
+    indices of the arguments to differentiate, with their names in ``"names"``) and
+    ``"grad"`` (the output's gradient, or None for a scalar). ``run`` calls
+    ``fn(*args, **kwargs)`` (or ``fn.<method>(...)``), then ``backward``; the judge
+    compares the value with ``expect(case)`` and the gradients with ``grads(case)``.
+    """
+
+    def run(
+        functions: Mapping[str, Callable[..., Any]], inputs: dict[str, Any]
+    ) -> dict[str, Any]:
+        f = functions[fn]
+        call = f if method is None else getattr(f, method, None)
+        if call is None:
+            return {"raised": f"AttributeError: {fn} has no {method}"}
+        wrt = set(inputs["wrt"])
+        args = [
+            a.clone().requires_grad_(True) if i in wrt else a
+            for i, a in enumerate(inputs["args"])
+        ]
+        try:
+            y = call(*args, **inputs["kwargs"])
+            if not isinstance(y, Tensor) or y.grad_fn is None:
+                return {"value": plain(y), "grads": "<no graph>"}
+            y.backward(inputs["grad"])
+        except Exception as error:
+            return {"raised": describe_error(error)}
+        found = [plain(args[i].grad) for i in inputs["wrt"]]
+        return {"value": plain(y), "grads": found}
+
+    def judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
+        where = inputs["where"]
+        message = judge_call(inputs, outputs, expect(inputs), noun=noun)
+        if message:
+            return message
+        got = outputs.get("grads")
+        if not isinstance(got, list):
+            return (
+                f"With {where}, {noun} returned a tensor autograd cannot "
+                "differentiate: stay in torch operations (no .item(), .numpy(), "
+                ".detach() or torch.no_grad())."
+            )
+        for g, want, arg, i in zip(got, grads(inputs), inputs["names"], inputs["wrt"]):
+            if g is None:
+                return (
+                    f"With {where}, autograd through {noun} gives no gradient for "
+                    f"{arg}: the result does not depend on {arg} through torch "
+                    "operations."
+                )
+            message = compare(
+                g,
+                want,
+                where=where,
+                noun=noun,
+                part=f"the gradient for {arg} (by autograd)",
+                dtype=inputs["args"][i].dtype,
+            )
+            if message:
+                return message
+        return None
+
+    return TestCase(
+        name=name,
+        points=points,
+        visibility=visibility,
+        functions=(fn,),
+        description=description,
+        make_inputs=case,
+        run=run,
+        judge=judge,
+        forbidden=forbidden,
+    )

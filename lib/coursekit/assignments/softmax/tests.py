@@ -265,90 +265,52 @@ def _ce_test(name: str, points: float, vis: Any, desc: str, cases: Any) -> TestC
 # --- through autograd: gradients, and the input left alone --------------------------
 
 
-def _grad_inputs(fn: str, seed: int) -> dict[str, Any]:
-    g = c.generator(seed)
+def _grad_case(fn: str) -> dict[str, Any]:
+    g = c.generator(41)
     x = c.randn(g, 3, 7, scale=2.0)
-    out: dict[str, Any] = {"x": x, "grad": c.randn(g, 3, 7)}
     if fn == "cross_entropy":
-        out["targets"] = torch.randint(0, 7, (3,), generator=g)
-    return out
+        targets = torch.randint(0, 7, (3,), generator=g)
+        case = _ce_case(x, targets)
+        return {**case, "wrt": [0], "names": ["logits"], "grad": None}
+    case = _case(x)
+    case["where"] += " and a random grad_output"
+    return {**case, "wrt": [0], "names": ["x"], "grad": c.randn(g, 3, 7)}
 
 
-def _grad_run(
-    fn: str,
-) -> Callable[[Mapping[str, Callable[..., Any]], dict[str, Any]], dict[str, Any]]:
-    def run(
-        functions: Mapping[str, Callable[..., Any]], inputs: dict[str, Any]
-    ) -> dict[str, Any]:
-        x = inputs["x"].clone().requires_grad_(True)
-        args = [x, inputs["targets"]] if fn == "cross_entropy" else [x]
-        try:
-            y = functions[fn](*args)
-            if not isinstance(y, Tensor) or y.grad_fn is None:
-                return {"value": c.plain(y), "grad": "<no graph>"}
-            y.backward(inputs["grad"] if fn != "cross_entropy" else None)
-        except Exception as error:
-            return {"raised": c.describe_error(error)}
-        return {"value": c.plain(y), "grad": c.plain(x.grad)}
-
-    return run
-
-
-def _grad_judge(fn: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
-    def judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
+def _grad_want(fn: str) -> Callable[[dict[str, Any]], list[Tensor]]:
+    def want(case: dict[str, Any]) -> list[Tensor]:
         from .. import _refs
 
-        x, g = inputs["x"], inputs["grad"]
-        noun = f"your {fn}"
-        where = c.label("scores", x) + " and a random grad_output"
+        x, g = case["args"][0], case["grad"]
+        s = _refs.softmax(x)
         if fn == "cross_entropy":
-            where = c.label("logits", x) + f" and targets {c.fmt(inputs['targets'])}"
-            case = _ce_case(x, inputs["targets"])
-            want, p = _expect_ce(case), _refs.softmax(x)
-            onehot = torch.nn.functional.one_hot(inputs["targets"], 7).to(F64)
-            grad = (p - onehot) / x.shape[0]
-        else:
-            case = _case(x)
-            want = (
-                _expect_softmax(case) if fn == "softmax" else _expect_log_softmax(case)
-            )
-            s = _refs.softmax(x)
-            if fn == "softmax":
-                grad = s * (g - (s * g).sum(-1, keepdim=True))
-            else:
-                grad = g - s * g.sum(-1, keepdim=True)
-        case["where"] = where
-        message = c.judge_call(case, outputs, want, noun=noun)
-        if message:
-            return message
-        if outputs.get("grad") == "<no graph>":
-            return (
-                f"With {where}, {noun} returned a tensor autograd cannot "
-                "differentiate: stay in torch operations (no .item(), .numpy(), "
-                ".detach() or torch.no_grad())."
-            )
-        return c.compare(
-            outputs.get("grad"),
-            grad,
-            where=where,
-            noun=noun,
-            part="the gradient (by autograd)",
-            dtype=F64,
-        )
+            onehot = torch.nn.functional.one_hot(case["args"][1], x.shape[-1])
+            return [(s - onehot.to(F64)) / x.shape[0]]
+        if fn == "softmax":
+            return [s * (g - (s * g).sum(-1, keepdim=True))]
+        return [g - s * g.sum(-1, keepdim=True)]
 
-    return judge
+    return want
+
+
+_EXPECT = {
+    "softmax": lambda case: _expect_softmax(case),
+    "log_softmax": lambda case: _expect_log_softmax(case),
+    "cross_entropy": lambda case: _expect_ce(case),
+}
 
 
 def _grad_test(fn: str, points: float) -> TestCase:
-    return TestCase(
+    return c.autograd_test(
         name=f"{fn}_gradient",
         points=points,
         visibility="hidden",
-        functions=(fn,),
+        fn=fn,
         description=f"autograd through your {fn} gives the right gradient",
-        make_inputs=lambda: _grad_inputs(fn, 41),
-        run=_grad_run(fn),
-        judge=_grad_judge(fn),
+        noun=f"your {fn}",
+        case=lambda: _grad_case(fn),
+        expect=_EXPECT[fn],
+        grads=_grad_want(fn),
         forbidden=FORBIDDEN,
     )
 
