@@ -644,3 +644,20 @@ def test_min_p_errors():
         sb.min_p_filter(torch.tensor(1.0), 0.1)
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
         sb.sample(x, min_p=2.0)
+
+
+def test_softmax_can_turn_a_near_tie_into_a_tie():
+    # The docstrings qualify "softmax preserves the argmax": in float32, logits 0.3
+    # and the next float above it get equal probabilities, and argmax returns the
+    # first index, while the argmax of the logits is the second. The order is never
+    # reversed, only flattened into a tie.
+    a = torch.tensor(0.3)
+    z = torch.stack([a, torch.nextafter(a, torch.tensor(1.0))])
+    p = torch.softmax(z, -1)
+    assert z[1] > z[0] and p[0] == p[1]
+    assert int(z.argmax()) == 1 and int(p.argmax()) == 0
+    assert p[1] >= p[0]  # non-decreasing: never reversed
+    for doc in (sb.sampling.__doc__, sb.sampling.decoding.__doc__, sb.sample.__doc__):
+        text = " ".join(doc.split())
+        assert "never changes which entry is largest" not in text
+        assert "tie" in text

@@ -8,8 +8,8 @@ inside attention:
   ``-inf``; :func:`sample` draws token
   indices after a temperature and those filters, reproducibly with a
   ``torch.Generator``. Greedy decoding is ``logits.argmax(-1)`` and needs no
-  softmax at all: softmax is strictly increasing in each logit, so it never
-  changes which entry is largest.
+  softmax at all: softmax keeps the order of a row's entries (in exact
+  arithmetic; in floating point it can turn a near-tie into a tie).
 * **Calibration.** :func:`expected_calibration_error` and
   :func:`reliability_table` measure whether confidences match accuracies
   (Naeini et al., 2015; Guo et al., 2017); :func:`fit_temperature` fits the

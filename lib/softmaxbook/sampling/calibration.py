@@ -234,8 +234,9 @@ def fit_temperature(
     Fits the single parameter of temperature scaling (Guo et al., 2017) on
     held-out data: the temperature that minimizes the negative
     log-likelihood (the cross-entropy) of the labels. Dividing all logits by
-    one positive :math:`T` never changes an argmax, so accuracy is untouched;
-    only the confidences move.
+    one positive :math:`T` keeps the order within each row (rounding can at
+    most turn a near-tie into a tie), so accuracy is untouched; only the
+    confidences move.
 
     With :math:`\beta = 1/T` the loss
     :math:`\frac{1}{n}\sum_i

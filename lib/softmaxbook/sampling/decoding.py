@@ -4,10 +4,13 @@ r"""Decoding from logits: temperature, top-k, top-p, min-p filters, and sampling
 unlikely tokens by setting their logits to ``-inf``; :func:`sample` draws token
 indices after a temperature and those filters, reproducibly with a
 ``torch.Generator``.
-Greedy decoding is ``logits.argmax(-1)`` and needs no softmax at all: softmax
-is strictly increasing in each logit, so it never changes which entry is
-largest. ``-inf`` in a logit means "removed": such a token gets probability 0
-and is never sampled.
+Greedy decoding is ``logits.argmax(-1)`` and needs no softmax at all: in
+exact arithmetic softmax keeps the order of a row's entries, so it cannot
+change which is largest; in floating point it can round two nearly equal
+logits to equal probabilities (float32 logits 0.3 and the next float above
+it get 0.5 each, and ``argmax`` then returns the first), so the argmax of the
+logits is also the more exact. ``-inf`` in a logit means "removed": such a
+token gets probability 0 and is never sampled.
 """
 
 from __future__ import annotations
@@ -265,8 +268,9 @@ def sample(
     sampling reproducible without touching the global random state.
 
     Greedy decoding is not a temperature of 0 here (that is an error): it is
-    ``logits.argmax(-1)``, which needs no softmax because softmax is strictly
-    increasing and so preserves the argmax. :math:`T \to 0^+` approaches it.
+    ``logits.argmax(-1)``, which needs no softmax because softmax keeps the
+    order of a row (in exact arithmetic; rounding can turn a near-tie into a
+    tie, never reverse an order). :math:`T \to 0^+` approaches it.
 
     Shapes: ``logits`` is ``(..., V)``; the result is ``(...)`` with dtype
     ``torch.long`` (a 0-dim tensor for ``(V,)`` input).
