@@ -373,3 +373,70 @@ def test_entmax_bisect_and_sigmoid_argument_types():
         sb.sigmoid_normalize(torch.zeros(3), bias=torch.tensor(1.0))
     with pytest.raises(ValueError, match="bias must be finite"):
         sb.sigmoid_normalize(torch.zeros(3), bias=float("-inf"))
+
+
+# ------------------------------------------- what the docs say about speed and bounds
+
+
+def test_a_small_support_does_not_make_the_partial_sort_pay(monkeypatch):
+    # Chapter 6: what decides the partial sort is how many scores lie within 1 of the
+    # row maximum (the candidates), not the support. Scores of standard deviation 0.1
+    # have a support of a few dozen keys of 4096, yet every key is a candidate, so
+    # every row is sorted in full (the fallback), as a plain sort would.
+    x = scores((8, 4096), scale=0.1, dtype=torch.float32)
+    support = (sb.sparsemax(x) > 0).sum(-1)
+    candidates = (x > x.amax(-1, keepdim=True) - 1).sum(-1)
+    assert int(support.max()) < 64 and bool((candidates == 4096).all())
+    shapes = _spy_thresholds(monkeypatch)
+    sb.sparsemax(x)
+    assert shapes[-1] == (8, 4096)  # every row redone by the full sort
+    # N(0, 1) scores: a few dozen candidates, and only those are sorted.
+    y = scores((8, 4096), scale=1.0, dtype=torch.float32)
+    assert int((y > y.amax(-1, keepdim=True) - 1).sum(-1).max()) < 4096 // 16
+
+
+def test_sparsemax_takes_no_newton_steps_entmax15_three(monkeypatch):
+    # The sparse-maps page: sparsemax sorts its candidates as they are; only
+    # 1.5-entmax, whose bound admits more candidates, takes Newton steps first.
+    calls = []
+    real = alt._newton
+
+    def spy(v, t, kind, steps):
+        calls.append((kind, steps))
+        return real(v, t, kind, steps)
+
+    monkeypatch.setattr(alt, "_newton", spy)
+    x = scores((16, 2048), scale=1.0)
+    sb.sparsemax(x)
+    assert calls == []
+    sb.entmax15(x)
+    assert calls == [("entmax15", 3)]
+
+
+def test_rounding_reaches_the_bounds_of_softmax_one_and_sigmoid():
+    # In exact arithmetic softmax_one sums below 1 and sigmoid stays inside (0, 1);
+    # in float32 both reach the bound, as their docstrings say.
+    assert float(sb.softmax_one(torch.tensor([20.0])).sum()) == 1.0
+    w = sb.sigmoid_normalize(torch.tensor([40.0, float("-inf")]), bias=0.0)
+    assert w.tolist() == [1.0, 0.0]
+    assert "rounding makes it 1" in " ".join(sb.softmax_one.__doc__.split())
+    assert ":math:`[0, 1]`" in sb.sigmoid_normalize.__doc__
+
+
+@pytest.mark.parametrize("n", [256, 1024, 4096])
+def test_candidate_shares_stated_in_the_module_docstring(n):
+    # "for rows of 4096 down to 256 N(0, 1) scores, on average about 0.6 to 4 % of
+    # the keys for sparsemax and 6 to 22 % for 1.5-entmax", and the Newton steps
+    # drop most of 1.5-entmax's candidates.
+    for seed in range(5):
+        x = scores((256, n), scale=1.0, seed=seed)
+        z = x - x.amax(-1, keepdim=True)
+        share_sparsemax = float((z > -1).double().mean())
+        share_entmax = float((z > -2).double().mean())
+        assert 0.005 < share_sparsemax < 0.05, share_sparsemax
+        assert 0.05 < share_entmax < 0.25, share_entmax
+        bound = z.new_full((256, 1), alt._T0["entmax15"])
+        v, _ = alt._compact(z, z > bound)
+        after = alt._newton(v, bound, "entmax15", alt._NEWTON_STEPS["entmax15"])
+        kept = (v > after - alt._MARGIN).sum(-1).double().mean()
+        assert float(kept) < 0.5 * float((v > float("-inf")).sum(-1).double().mean())

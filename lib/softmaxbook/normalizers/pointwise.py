@@ -93,7 +93,10 @@ def softmax_one(x: Tensor, dim: int = -1) -> Tensor:
     Returns
     -------
     Tensor
-        Non-negative weights whose sum along ``dim`` is below 1.
+        Non-negative weights whose sum along ``dim`` is below 1 in exact
+        arithmetic, :math:`1 - 1/(1 + \sum_j e^{x_j})`; rounding makes it 1
+        when that difference is below the dtype's resolution (float32 scores
+        of 20 already give 1.0).
 
     Raises
     ------
@@ -249,7 +252,9 @@ def sigmoid_normalize(x: Tensor, dim: int = -1, bias: float | None = None) -> Te
     Returns
     -------
     Tensor
-        Weights in :math:`(0, 1)`, not normalized.
+        Weights in :math:`[0, 1]`, not normalized: :math:`(0, 1)` in exact
+        arithmetic for finite scores; 0 for ``-inf``, and rounding gives
+        exactly 0 or 1 far from the bias (float32 :math:`\sigma(40) = 1`).
 
     Raises
     ------

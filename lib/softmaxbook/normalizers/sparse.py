@@ -14,15 +14,21 @@ shared policy (argument checks, half precision in ``float32``, 0-d and empty
 input) is ``@normalizer``'s.
 
 Speed: sparsemax and 1.5-entmax find their threshold without sorting whole
-rows. The threshold is known to lie above ``t0`` (the row maximum minus 1, or
-minus 2 for 1.5-entmax), so only the keys above ``t0`` can be in the support:
-one pass collects them (a few percent of a row of N(0, 1) scores); for
-1.5-entmax a few Newton steps on the threshold equation, run on the
-candidates alone, raise the bound and drop most of them; the few left are
-sorted and the exact sort-based formula runs on those. A row with too many
-candidates for this to pay, or whose threshold comes out below the bound that
-chose its candidates, is sorted in full (the fallback). The result is the
-exact (sort-based) solution.
+rows where that pays. The threshold is known to lie above ``t0`` (the row
+maximum minus 1, or minus 2 for 1.5-entmax), so only the keys above ``t0``
+can be in the support: one pass collects these candidates (for rows of 4096
+down to 256 N(0, 1) scores, on average about 0.6 to 4 % of the keys for
+sparsemax and 6 to 22 % for 1.5-entmax); for 1.5-entmax three Newton steps
+on the threshold equation, run on the candidates alone, raise the bound and
+drop most of them (sparsemax takes none); what is left is sorted and the
+exact sort-based formula runs on it. What decides the speed is the number of
+candidates, not the size of the support: a row with more than a quarter of
+its keys among the candidates (scores of a small spread, long runs of ties,
+and for 1.5-entmax many N(0, 1) rows of a few hundred keys), or whose
+threshold comes out below the bound that chose its candidates, is sorted in
+full (the fallback), and then costs more than a plain sort, by the pass that
+counted its candidates. Rows of at most 128 keys are sorted whole at once.
+The result is the exact (sort-based) solution.
 """
 
 from __future__ import annotations
@@ -258,8 +264,10 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
 
     Entries equal to ``-inf`` get weight 0 (removed); a row of only ``-inf``
     gives zeros and zero gradient. A ``nan`` (or ``+inf``) makes its row
-    ``nan``. The threshold is found exactly, by sorting only the few scores
-    that can be in the support instead of the whole row (see the module
+    ``nan``. The threshold is found exactly, by sorting only the scores that
+    can be in the support, those within 1 of the row maximum, where they are
+    few; rows of at most 128 keys, and rows with more than a quarter of their
+    keys within 1 of the maximum, are sorted whole (see the module
     docstring).
 
     Shapes: ``x`` is ``(..., N)`` (normalized along ``dim``); the result has
@@ -315,8 +323,10 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     :math:`s_i = \sqrt{p_i}`.
 
     ``-inf`` entries get weight 0; a row of only ``-inf`` gives zeros. The
-    threshold is exact (the sort-based formula on the few scores that can be
-    in the support).
+    threshold is exact: the sort-based formula on the scores that can be in
+    the support, those within 2 of the row maximum, thinned by three Newton
+    steps; rows of at most 128 keys, and rows with more than a quarter of
+    their keys within 2 of the maximum, are sorted whole.
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
@@ -445,7 +455,9 @@ def entmax_bisect(
     dim : int
         The dimension to normalize; negative values count from the end.
     n_iter : int
-        Bisection steps; 50 reaches float64 resolution of the threshold.
+        Bisection steps: each halves the interval that holds the threshold,
+        at first :math:`1 - (1/N)^{\alpha - 1} < 1` wide, so 50 bring it
+        below :math:`2^{-50} \approx 9 \times 10^{-16}`.
 
     Returns
     -------
