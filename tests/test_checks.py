@@ -1072,9 +1072,9 @@ def test_broken_functions_become_problems(checker, fn, fragment):
     ):
         fragment = "return a pair (out, lse)"  # a single value where a pair is due
     assert fragment in text, text
-    # the first input failed: the report says the rest did not run
+    # the first input failed: the report shows that problem alone
     assert report.problems[-1] == (
-        "The other checks did not run: fix the problem above first."
+        "The other checks are not reported: fix the problem above first."
     )
     assert report.problems[0].startswith("With ")
 
@@ -1173,6 +1173,120 @@ def test_report_api():
     assert str(raised.value) == str(bad)
     for problem in bad.problems:
         assert " ".join(problem.split()) in " ".join(str(raised.value).split())
+
+
+# --------------------------------------------------------------------------------------
+# Scores: per-check results that a grade can be built on
+
+CORRECT = [
+    (checks.check_softmax, softmax_stable),
+    (checks.check_log_softmax, log_softmax_stable),
+    (checks.check_masked_softmax, masked_correct),
+    (checks.check_attention, attention_correct),
+    (checks.check_softmax_backward, backward_einsum),
+    (checks.check_sparsemax, sparsemax_sort),
+    (checks.check_top_p_filter, top_p_chapter),
+    (checks.check_merge_attention_states, merge_correct),
+    (checks.check_attention_entropy, entropy_where),
+    (checks.check_sink_softmax, sb.sink_softmax),
+]
+
+
+def _identity(*args, **kwargs):
+    return args[0]
+
+
+def _names(report):
+    return [r.name for r in report.results]
+
+
+@pytest.mark.parametrize("checker, correct", CORRECT, ids=lambda v: v.__name__)
+def test_every_function_gets_the_same_checks_and_a_stub_scores_zero(checker, correct):
+    good = checker(correct)
+    assert good.ok and good.max_score >= 6
+    assert good.score == good.max_score and all(r.passed for r in good.results)
+    assert all(r.message == "" for r in good.results)
+    stub = checker(_not_implemented)
+    assert stub.score == 0 and not any(r.passed for r in stub.results)
+    for fn in (_not_implemented, _identity, _raises, _returns_none, _wrong_shape):
+        report = checker(fn)
+        # the same checks, whatever the function does: a fixed max_score
+        assert _names(report) == _names(good), fn.__name__
+        assert 0 <= report.score < report.max_score == good.max_score
+        for result in report.results:
+            assert result.passed == (result.message == ""), result
+    assert len(set(_names(good))) == len(good.results)
+
+
+def test_the_stub_no_longer_beats_the_identity():
+    # Counted as problems, an untouched stub (2: its exception, "not reported")
+    # looked better than the identity (3 or more); scored, it is never above.
+    stub, identity = (checks.check_softmax(f) for f in (_not_implemented, _identity))
+    assert len(stub.problems) == 2 < len(identity.problems)  # the old measure
+    assert stub.score == 0 == identity.score
+    for checker in (checks.check_attention, checks.check_softmax_backward):
+        stub, identity = checker(_not_implemented), checker(_identity)
+        assert stub.score == 0 <= identity.score < identity.max_score
+    # each passed check adds its points: a stable softmax > a naive one > identity
+    naive = checks.check_softmax(softmax_naive)
+    stable = checks.check_softmax(softmax_stable)
+    identity = checks.check_softmax(_identity)
+    assert identity.score < naive.score < stable.score == stable.max_score
+    failed = [r.name for r in naive.results if not r.passed]
+    assert failed and all(
+        "overflow" in n or "underflow" in n or "different scales" in n for n in failed
+    ), failed
+
+    # a function that fails only on float16 loses that one check
+    def fails_on_half(x):
+        if x.dtype == torch.float16:
+            raise TypeError("no half for me")
+        return torch.softmax(x, dim=-1)
+
+    half = checks.check_softmax(fails_on_half)
+    assert half.score == half.max_score - 1
+    (lost,) = [r for r in half.results if not r.passed]
+    assert lost.name == "random scores of shape (3, 7) (float16)"
+    assert lost.message == half.problems[0]
+
+
+def test_a_stopped_check_still_scores_the_inputs_it_passes():
+    # Wrong on the first, simplest input alone: the report shows that problem,
+    # and the score counts every other check, which still ran.
+    def fails_on_vectors(x):
+        if x.dim() == 1:
+            raise IndexError("tuple index out of range")
+        return torch.softmax(x, dim=-1)
+
+    report = checks.check_softmax(fails_on_vectors)
+    assert len(report.problems) == 2 and report.checked == []
+    assert report.problems[1] == (
+        "The other checks are not reported: fix the problem above first."
+    )
+    failed = {r.name for r in report.results if not r.passed}
+    assert failed == {
+        "scores [1, 0.5, 2.5, -0.1] (float64)",
+        "random scores of shape (6,) (float64)",
+        "scores [1000, 0] (float64, overflow)",
+        "scores [1000, 0] (float32, overflow)",
+        "scores [-1000, -1000] (float64, underflow)",
+        "scores [-1000, -1000] (float32, underflow)",
+        "scores [0, -inf, 1] (float64, a score of -inf)",
+        "scores [0, -inf, 1] (float32, a score of -inf)",
+    }
+    assert report.score == report.max_score - len(failed) > 0
+
+
+def test_a_wrong_forward_fails_the_gradient_check_too():
+    report = checks.check_softmax(softmax_dim0)
+    gradient = next(r for r in report.results if r.name.endswith(": the gradient"))
+    assert not gradient.passed
+    assert "the gradient of your softmax was not checked" in gradient.message
+    assert gradient.message not in report.problems  # a verdict, not a problem
+    report = checks.check_softmax(softmax_no_grad)
+    (lost,) = [r for r in report.results if not r.passed]
+    assert lost.name.endswith(": the gradient")
+    assert "not connected to its inputs in autograd" in lost.message
 
 
 def test_report_lines_fit_a_notebook():

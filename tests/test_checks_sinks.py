@@ -162,7 +162,7 @@ def test_broken_functions_become_problems(fn, fragment):
     text = " ".join(" ".join(report.problems).split())
     assert fragment in text, text
     assert report.problems[-1] == (
-        "The other checks did not run: fix the problem above first."
+        "The other checks are not reported: fix the problem above first."
     )
 
 

@@ -17,8 +17,14 @@ What the checkers promise:
 
 - **They never crash on a broken function.** An exception inside ``fn``, a
   result of the wrong type or shape, ``nan``: each becomes a problem message
-  naming the input. If ``fn`` fails on the first, simplest input, the other
-  checks are not run (the report says so): fix that first.
+  naming the input. If ``fn`` fails on the first, simplest input, the report
+  shows that problem alone (and says so): fix that first.
+- **They grade.** Each input ``fn`` is called on (and the gradient on it) is
+  one check of :attr:`CheckReport.results`; :attr:`CheckReport.score` counts
+  the passed ones out of :attr:`CheckReport.max_score`. The checks are the
+  same for every function (they all run even when the first input fails), so
+  a stub scores 0, each passed check adds its points, and a correct function
+  scores full marks.
 - **They are deterministic.** Inputs come from a fixed seed and a private
   ``torch.Generator`` (the global random state is never touched), so the same
   function gets the same messages on every run.

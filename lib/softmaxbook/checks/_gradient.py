@@ -50,6 +50,36 @@ def compare_gradients(
     holds the expected output(s): when they are wrong (a problem the forward
     checks of the same input report), the gradients are not compared.
     """
+    session.section = gradient_check(label)  # a check of its own
+    try:
+        _compare_gradients(
+            session, label, args, kwargs, wrt, shapes, output_grads, want, forward,
+            outputs, hint, where, project,
+        )  # fmt: skip
+    finally:
+        session.section = None
+
+
+def gradient_check(label: str) -> str:
+    """The name of the check of the gradient on the input ``label``."""
+    return f"{label}: the gradient"
+
+
+def _compare_gradients(
+    session: Session,
+    label: str,
+    args: Named,
+    kwargs: Named,
+    wrt: Collection[str],
+    shapes: Sequence[Sequence[int]],
+    output_grads: Any,
+    want: dict[str, Tensor],
+    forward: Any,
+    outputs: int,
+    hint: str,
+    where: Tensor | None,
+    project: Callable[[Tensor], Tensor] | None,
+) -> None:
     leaves: dict[str, Tensor] = {}
     args = [(n, _leaf(n, t, wrt, leaves)) for n, t in args]
     kwargs = [(n, _leaf(n, t, wrt, leaves)) for n, t in kwargs]
@@ -58,6 +88,11 @@ def compare_gradients(
         return
     outs = list(out) if outputs > 1 else [out]
     if not _forward_right(outs, list(forward) if outputs > 1 else [forward]):
+        session.fail(
+            label,
+            f"With {label}, the gradient of {session.noun} was not checked: the "
+            f"forward values are wrong (fix them first).",
+        )
         return
     if not all(o.requires_grad for o in outs):
         session.problem(

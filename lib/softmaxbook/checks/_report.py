@@ -23,6 +23,35 @@ WIDTH = 76  # fits a code cell of the website (77 columns at 1280 px)
 ALSO = 3  # how many other inputs with the same problem a message lists
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    """One check of a checker: an input the function was called on, and its verdict.
+
+    Attributes
+    ----------
+    name : str
+        What was checked, in words: the input (``"scores [1000, 0] (float64,
+        overflow)"``), with ``": the gradient"`` for the gradient on it.
+    passed : bool
+        True when this check showed no problem.
+    points : float
+        What the check is worth (1 unless a checker says otherwise).
+    message : str
+        Why it failed, in the words of the report's problems (the first
+        problem this check showed); empty when it passed.
+    """
+
+    name: str
+    passed: bool
+    points: float = 1.0
+    message: str = ""
+
+    @property
+    def score(self) -> float:
+        """``points`` when passed, else 0."""
+        return self.points if self.passed else 0.0
+
+
 @dataclass
 class CheckReport:
     """The outcome of a checker: truthy when every check passed.
@@ -38,6 +67,18 @@ class CheckReport:
         expected, what came back, and a hint. Empty when all checks passed.
     checked : list of str
         What the checker looked at, in words (the same on every machine).
+    results : list of CheckResult
+        One result per check, in the order they ran: each input the function
+        was called on (and its gradient, and the accelerator) is one check,
+        passed when it showed no problem. The list is the same for every
+        function a checker is given (with the same options, on the same
+        machine): when the first input fails, the other checks still run for
+        the score, although only the first problem is reported.
+
+    A grade is :attr:`score` out of :attr:`max_score`: a stub that raises
+    ``NotImplementedError`` scores 0, each passed check adds its points, and a
+    correct function scores :attr:`max_score`. (Counting the problems is no
+    grade: a stub reports fewer problems than most wrong functions.)
 
     Examples
     --------
@@ -49,17 +90,41 @@ class CheckReport:
     With scores [1, 0.5, 2.5, -0.1] (float64), your softmax raised TypeError: ...
     >>> sb.checks.check_softmax(lambda x: torch.softmax(x, dim=-1)).ok
     True
+
+    The score of a softmax that overflows, and its first failed check:
+
+    >>> def naive_softmax(x):
+    ...     e = torch.exp(x)
+    ...     return e / e.sum(dim=-1, keepdim=True)
+    >>> report = sb.checks.check_softmax(naive_softmax)
+    >>> f"{report.score:g} / {report.max_score:g}"
+    '10 / 16'
+    >>> failed = next(r for r in report.results if not r.passed)
+    >>> failed.name, failed.points
+    ('scores [1000, 0] (float64, overflow)', 1.0)
     """
 
     checker: str
     function: str
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    results: list[CheckResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """True when no problem was found."""
         return not self.problems
+
+    @property
+    def score(self) -> float:
+        """The points of the passed checks: 0 for a stub, :attr:`max_score` when all
+        pass."""
+        return sum(r.score for r in self.results)
+
+    @property
+    def max_score(self) -> float:
+        """The points of all the checks."""
+        return sum(r.points for r in self.results)
 
     def __bool__(self) -> bool:
         return self.ok

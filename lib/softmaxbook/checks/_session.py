@@ -5,6 +5,14 @@ input in place, return a list, a wrong shape, a tensor on another device) into
 a problem message naming the input; :meth:`Session.values` compares a result
 with the float64 reference and, on a mismatch, finds the hint: the known
 mistake that returns exactly this, or a diagnosis of the values.
+
+Every input the function is called on is one check of the report's
+:attr:`~softmaxbook.checks.CheckReport.results` (its gradient another): a
+problem fails the check of the input that showed it, whichever method found
+it, so that every checker feeds a score without bookkeeping of its own. After
+the first, simplest input failed (``session.stopped``) the checker goes on, so
+that the list of checks is the same for every function, but what it finds is
+recorded in the results only: the report shows the first problem alone.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from ._hints import (
 from ._inputs import BF16, F16, F32, F64, NUMPY_DTYPE, TOL, close
 from ._report import (
     CheckReport,
+    CheckResult,
     Problems,
     dtype_name,
     fmt,
@@ -50,6 +59,10 @@ _RETURN_HINTS = {
     "tuple": "return only the result (torch.max returns a (values, indices) "
     "pair: use .values)",
 }
+
+
+# The last problem of a report whose first, simplest input failed.
+STOPPED = "The other checks are not reported: fix the problem above first."
 
 
 class Scalar:
@@ -88,6 +101,37 @@ class Session(Problems):
         self.device_asked = device is not None
         self.stopped = False
         self.hints = list(hints) + ERROR_HINTS  # (fragment of a message, hint)
+        # check name -> the messages of its problems (none: passed), in order
+        self._checks: dict[str, list[str]] = {}
+        # the check that problems count against, when not the input's label (the
+        # gradient on an input is a check of its own)
+        self.section: str | None = None
+        self.name: str | None = None  # the function's name in the report, if not fn's
+
+    # -- the checks and their verdicts ------------------------------------------------
+
+    def check(self, label: str) -> str:
+        """Register the check of ``label`` (or of the current section); its name."""
+        name = self.section or label
+        self._checks.setdefault(name, [])
+        return name
+
+    def problem(self, key: object, label: str, message: str) -> None:
+        """Record a problem against its check; in the report too unless stopped."""
+        self._checks.setdefault(self.section or label, []).append(message)
+        if not self.stopped:
+            super().problem(key, label, message)
+
+    def fail(self, label: str, reason: str) -> None:
+        """Fail the check of ``label`` without a problem in the report: ``reason``
+        says why it could not be judged (the forward values are wrong, ...)."""
+        self._checks.setdefault(self.section or label, []).append(reason)
+
+    def results(self) -> list[CheckResult]:
+        return [
+            CheckResult(name, not messages, 1.0, messages[0] if messages else "")
+            for name, messages in self._checks.items()
+        ]
 
     def report(
         self,
@@ -97,13 +141,13 @@ class Session(Problems):
     ) -> CheckReport:
         problems = self.messages()
         if self.stopped:
-            problems.append(
-                "The other checks did not run: fix the problem above first."
-            )
+            problems.append(STOPPED)
+            checked = []
         if self.numpy:
             checked = [c for c in checked if c != "the device kept"]
             checked.append(f"not checked with numpy=True: {skipped}")
-        return CheckReport(checker, function_name(self.fn), problems, checked)
+        name = self.name or function_name(self.fn)
+        return CheckReport(checker, name, problems, checked, self.results())
 
     def dtypes(self) -> list[torch.dtype]:
         """The low-precision dtypes to check: NumPy has no bfloat16."""
@@ -123,13 +167,26 @@ class Session(Problems):
         shapes: Sequence[Sequence[int]],
         outputs: int = 1,
         shape_hint: ShapeHint | None = None,
+        returns: str = "a pair (out, lse)",
     ) -> Any:
         """``fn(*args, **kwargs)``, checked; the output(s) as tensors, or None.
 
         ``args`` and ``kwargs`` are sequences of ``(name, tensor)``; ``shapes``
-        the expected shape of each output. Reports an exception, an input
-        modified in place, a result of the wrong type or shape.
+        the expected shape of each output (``returns`` says in words what a
+        tuple of several holds). Reports an exception, an input modified in
+        place, a result of the wrong type or shape.
         """
+        done, out = self.invoke(label, args, kwargs)
+        if not done:
+            return None
+        return self.accept(
+            label, args, kwargs, out, shapes, outputs, shape_hint, returns
+        )
+
+    def invoke(self, label: str, args: Named, kwargs: Named = ()) -> tuple[bool, Any]:
+        """Call ``fn``: ``(True, what it returned)``, or ``(False, None)`` when it
+        raised (a problem). Also reports an input modified in place."""
+        self.check(label)
         named = list(args) + list(kwargs)
         given = {name: self._to_user(t) for name, t in named}
         before = {
@@ -143,9 +200,25 @@ class Session(Problems):
                 )
         except Exception as error:  # the student's code may raise anything
             self.raised(label, error)
-            return None
+            return False, None
         self._check_unchanged(label, given, before)
-        result = self._outputs(label, out, shapes, outputs, shape_hint)
+        return True, out
+
+    def accept(
+        self,
+        label: str,
+        args: Named,
+        kwargs: Named,
+        out: object,
+        shapes: Sequence[Sequence[int]],
+        outputs: int = 1,
+        shape_hint: ShapeHint | None = None,
+        returns: str = "a pair (out, lse)",
+    ) -> Any:
+        """What :meth:`invoke` returned, as tensors of ``shapes`` on the inputs'
+        device, or None (a problem)."""
+        result = self._outputs(label, out, shapes, outputs, shape_hint, returns)
+        named = list(args) + list(kwargs)
         device = next((t.device for _, t in named if isinstance(t, Tensor)), None)
         if result is None or self.numpy or device is None:
             return result
@@ -237,7 +310,18 @@ class Session(Problems):
         shapes: Sequence[Sequence[int]],
         outputs: int,
         shape_hint: ShapeHint | None,
+        returns: str = "a pair (out, lse)",
     ) -> Any:
+        if outputs == 1 and _looks_like_out_lse(out, shapes[0]):
+            assert isinstance(out, (tuple, list))  # for mypy: checked just above
+            self.problem(
+                ("type", "out, lse"),
+                label,
+                f"With {label}, {self.noun} returned a pair of tensors of shapes "
+                f"{shape_of(out[0])} and {shape_of(out[1])}, which looks like "
+                f"(out, lse): here only the output is expected, return out alone.",
+            )
+            return None
         if outputs == 1:
             results = [self._tensor(label, out)]
         elif not isinstance(out, (tuple, list)) or len(out) != outputs:
@@ -247,8 +331,8 @@ class Session(Problems):
             self.problem(
                 ("type", "tuple"),
                 label,
-                f"With {label}, {self.noun} returned {got}; return a pair "
-                f"(out, lse) of {self._kind()}s.",
+                f"With {label}, {self.noun} returned {got}; return {returns} of "
+                f"{self._kind()}s.",
             )
             return None
         else:
@@ -383,6 +467,19 @@ class Session(Problems):
     def _to_device(self, named: Named) -> list[tuple[str, Any]]:
         move = self.device
         return [(n, t.to(move) if isinstance(t, Tensor) else t) for n, t in named]
+
+
+def _looks_like_out_lse(out: object, shape: Sequence[int]) -> bool:
+    """Whether ``out`` is a pair ``(out, lse)`` where one tensor of ``shape`` is due:
+    the output, and one number per row of it."""
+    return (
+        isinstance(out, (tuple, list))
+        and len(out) == 2
+        and all(isinstance(o, (Tensor, np.ndarray)) for o in out)
+        and len(shape) > 0
+        and tuple(out[0].shape) == tuple(shape)
+        and tuple(out[1].shape) in (tuple(shape[:-1]), tuple(shape[:-1]) + (1,))
+    )
 
 
 def _known_mistake(
