@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from .._model import Assignment
 from .attention.tests import ASSIGNMENT as _ATTENTION
+from .gradients.tests import ASSIGNMENT as _GRADIENTS
 from .softmax.tests import ASSIGNMENT as _SOFTMAX
 
 __all__ = ["ASSIGNMENTS", "get_assignment"]
 
 #: The assignments by id, in the order a course meets them.
-ASSIGNMENTS: dict[str, Assignment] = {a.id: a for a in (_SOFTMAX, _ATTENTION)}
+ASSIGNMENTS: dict[str, Assignment] = {
+    a.id: a for a in (_SOFTMAX, _ATTENTION, _GRADIENTS)
+}
 
 
 def get_assignment(id: str) -> Assignment:

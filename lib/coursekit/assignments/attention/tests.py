@@ -217,9 +217,11 @@ def _ms_grad_explain_wrapper() -> TestCase:
 # --- scaled_dot_product_attention ---------------------------------------------------
 
 
-def _qkv(g: torch.Generator, batch: tuple[int, ...], L: int, S: int) -> list[Tensor]:
+def _qkv(
+    g: torch.Generator, batch: tuple[int, ...], L: int, S: int
+) -> tuple[Tensor, Tensor, Tensor]:
     q, k = c.randn(g, *batch, L, 8), c.randn(g, *batch, S, 8)
-    return [q, k, c.randn(g, *batch, S, 4)]
+    return q, k, c.randn(g, *batch, S, 4)
 
 
 def _sdpa_case(
