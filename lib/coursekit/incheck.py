@@ -11,7 +11,6 @@ them against float64 expectations.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import textwrap
 from collections.abc import Callable, Iterator, Mapping
@@ -113,13 +112,13 @@ def _failure(test: TestCase, namespace: Mapping[str, Any]) -> str | None:
         functions[name] = fn
     inputs = test.make_inputs()
     given = _roundtrip(inputs)  # the student's copy: the judge keeps the original
-    with _guard(test.forbidden) as calls:
+    with _guard(test.forbidden, functions) as calls:
         try:
             outputs = test.run(functions, given)
         except Exception as error:  # run catches the student's errors; this is ours
             return f"the test could not run your code: {type(error).__name__}: {error}"
     if calls:
-        return "forbidden call: " + "; ".join(dict.fromkeys(calls))
+        return calls[0]
     try:
         outputs = _roundtrip(outputs)
     except Exception as error:
@@ -136,25 +135,32 @@ def _roundtrip(data: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _guard(groups: tuple[str, ...]) -> Iterator[list[str]]:
-    """The forbidden-call guard of :mod:`coursekit.forbidden`; yields the calls made."""
+def _guard(
+    groups: tuple[str, ...], functions: Mapping[str, Any]
+) -> Iterator[list[str]]:
+    """:func:`coursekit.forbidden.guard` over ``groups``; yields the list that
+    receives, after the block, the forbidden calls made (one message, or none)."""
+    from . import forbidden
+
     calls: list[str] = []
-    try:
-        forbidden = importlib.import_module("coursekit.forbidden")
-    except ImportError:  # the grader's module is not there yet: no guard
+    with forbidden.guard(groups, student_files=_files_of(functions)) as record:
         yield calls
-        return
-    with forbidden.guard(groups) as record:
-        yield calls
-    calls.extend(_recorded(record))
+    message = record.message()
+    if message:
+        calls.append(message)
 
 
-def _recorded(record: Any) -> list[str]:
-    for attribute in ("calls", "violations", "names"):
-        found = getattr(record, attribute, None)
-        if found:
-            return [str(item) for item in found]
-    return []
+def _files_of(functions: Mapping[str, Any]) -> set[str]:
+    """The files the student's functions (and a class's methods) were defined in."""
+    files = set()
+    for fn in functions.values():
+        members = vars(fn).values() if isinstance(fn, type) else [fn]
+        for member in members:
+            member = getattr(member, "__func__", member)  # staticmethod, classmethod
+            code = getattr(member, "__code__", None)
+            if code is not None:
+                files.add(code.co_filename)
+    return files
 
 
 def _wrap(text: str, indent: str = "") -> str:
