@@ -40,11 +40,16 @@ def attention_probe(
     ``q`` is (L, D), ``k`` (S, D), ``v`` (S, Dv), ``G`` the upstream gradient
     (L, Dv) of the loss ``sum(out * G)``. Returns one number per metric,
     summarized over the L queries, and the largest deviation of the three
-    cross-checks: the output against ``sb.scaled_dot_product_attention``, the
+    cross-checks: the output against ``sb.scaled_dot_product_attention``'s explicit
+    path (``explicit=True``: the library's own computation, not torch's kernel), the
     autograd gradient at the scores against the softmax VJP written out by
     hand, and the gradient at q against ``scale * VJP @ k``.
     """
-    ref = cast(torch.Tensor, sb.scaled_dot_product_attention(q, k, v, scale=scale))
+    # explicit=True: the library's own scores and weights, never torch's fused kernel
+    ref = cast(
+        torch.Tensor,
+        sb.scaled_dot_product_attention(q, k, v, scale=scale, explicit=True),
+    )
     q = q.clone().requires_grad_(True)
     scores = (q @ k.transpose(-2, -1)) * scale  # (L, S)
     w = sb.softmax(scores)
