@@ -54,9 +54,10 @@ For an autograder, ``check_softmax(fn).raise_if_failed()`` raises an
 from ._report import CheckReport
 from .analysis import check_attention_entropy
 from .attention import check_attention
+from .flash import check_flash_backward, check_flash_forward, check_flash_function
 from .gradients import check_softmax_backward
 from .masking import check_masked_softmax
-from .online import check_merge_attention_states
+from .online import check_merge_attention_states, check_online_softmax
 from .sampling import check_top_p_filter
 from .sinks import check_sink_softmax
 from .softmax import check_log_softmax, check_softmax
@@ -74,6 +75,10 @@ __all__ = [
     "check_merge_attention_states",
     "check_attention_entropy",
     "check_sink_softmax",
+    "check_flash_forward",
+    "check_flash_backward",
+    "check_flash_function",
+    "check_online_softmax",
 ]
 
 # The report's class keeps its public path, softmaxbook.checks.CheckReport, in

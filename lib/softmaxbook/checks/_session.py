@@ -127,6 +127,10 @@ class Session(Problems):
         says why it could not be judged (the forward values are wrong, ...)."""
         self._checks.setdefault(self.section or label, []).append(reason)
 
+    def passed(self, label: str) -> bool:
+        """Whether the check of ``label`` ran and showed no problem (so far)."""
+        return label in self._checks and not self._checks[label]
+
     def results(self) -> list[CheckResult]:
         return [
             CheckResult(name, not messages, 1.0, messages[0] if messages else "")
