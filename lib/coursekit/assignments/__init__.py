@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from .._model import Assignment
 from .attention.tests import ASSIGNMENT as _ATTENTION
+from .flash_attention.tests import ASSIGNMENT as _FLASH
 from .gradients.tests import ASSIGNMENT as _GRADIENTS
 from .softmax.tests import ASSIGNMENT as _SOFTMAX
+from .sparse_maps.tests import ASSIGNMENT as _SPARSE
 
 __all__ = ["ASSIGNMENTS", "get_assignment"]
 
 #: The assignments by id, in the order a course meets them.
 ASSIGNMENTS: dict[str, Assignment] = {
-    a.id: a for a in (_SOFTMAX, _ATTENTION, _GRADIENTS)
+    a.id: a for a in (_SOFTMAX, _ATTENTION, _GRADIENTS, _FLASH, _SPARSE)
 }
 
 

@@ -105,7 +105,9 @@ def fmt_number(v: float) -> str:
         return "nan"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
-    return "0" if v == 0 else f"{v:.4g}"
+    if v == 0:
+        return "0"
+    return f"{v:.7g}" if abs(v) >= 1000 else f"{v:.4g}"  # 9999.5, not 1e+04
 
 
 def fmt(t: Any, limit: int = 8) -> str:
@@ -113,7 +115,7 @@ def fmt(t: Any, limit: int = 8) -> str:
     t = torch.as_tensor(t).detach().to("cpu", F64)
     if t.dim() == 0:
         return fmt_number(float(t))
-    if t.dim() == 2 and t.numel() <= max(limit, 9):
+    if t.dim() == 2 and t.numel() <= max(limit, 12):
         return "[" + ", ".join(fmt(row) for row in t) + "]"
     flat = [fmt_number(v) for v in t.reshape(-1)[:limit].tolist()]
     more = ", ..." if t.numel() > limit else ""
@@ -132,8 +134,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 def label(name: str, x: Tensor, note: str = "") -> str:
     """``scores [1000, 0] (float64)`` or ``random scores of shape (3, 7) (float32)``."""
     words = dtype_name(x.dtype) + (f", {note}" if note else "")
-    if x.numel() <= 9:
-        return f"{name} {fmt(x, 9)} ({words})"
+    if x.numel() <= 12:
+        return f"{name} {fmt(x, 12)} ({words})"
     return f"random {name} of shape {shape_of(x)} ({words})"
 
 

@@ -60,13 +60,15 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     / k)}`; the support is the largest :math:`k` with :math:`\tau_k \le z_k`.
     """
     z = np.moveaxis(np64(x), dim, -1) / 2
+    z = z - z.max(axis=-1, keepdims=True)  # entmax is unchanged by a shift
     zs = -np.sort(-z, axis=-1)
     k = np.arange(1, z.shape[-1] + 1)
-    mean = np.cumsum(zs, axis=-1) / k
-    mean_sq = np.cumsum(zs**2, axis=-1) / k
-    delta = (1 - k * (mean_sq - mean**2)) / k
-    tau = mean - np.sqrt(np.clip(delta, 0, None))
-    support = (tau <= zs).sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # -inf scores: inf - inf past the support
+        mean = np.cumsum(zs, axis=-1) / k
+        mean_sq = np.cumsum(zs**2, axis=-1) / k
+        delta = (1 - k * (mean_sq - mean**2)) / k
+        tau = mean - np.sqrt(np.clip(delta, 0, None))
+        support = (tau <= zs).sum(axis=-1, keepdims=True)
     tau_star = np.take_along_axis(tau, support - 1, axis=-1)
     p = np.clip(z - tau_star, 0, None) ** 2
     return t64(np.moveaxis(p, -1, dim))

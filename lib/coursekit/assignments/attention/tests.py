@@ -48,7 +48,7 @@ def _ms_case(
     scores: Tensor, mask: Tensor, dim: int | None = None, note: str = ""
 ) -> dict[str, Any]:
     where = c.label("scores", scores, note) + f" and a mask of shape {c.shape_of(mask)}"
-    if mask.numel() <= 9:
+    if mask.numel() <= 12:
         where = c.label("scores", scores, note) + f" and mask {_bools(mask)}"
     if dim is not None:
         where += f" and dim={dim}"
@@ -57,7 +57,7 @@ def _ms_case(
 
 
 def _bools(mask: Tensor) -> str:
-    return c.fmt(mask.to(F64), 9).replace("1", "T").replace("0", "F")
+    return c.fmt(mask.to(F64), 12).replace("1", "T").replace("0", "F")
 
 
 def _ms_expect(case: dict[str, Any]) -> Tensor:

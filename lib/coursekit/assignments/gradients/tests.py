@@ -30,7 +30,7 @@ def _sb_case(
     s: Tensor, g: Tensor, dim: int | None = None, note: str = ""
 ) -> dict[str, Any]:
     what = "s = softmax of " + c.label("scores", s, note)
-    if s.numel() <= 9:
+    if s.numel() <= 12:
         what = c.label("s", s, note)
     where = f"{what} and a random grad_output" + ("" if dim is None else f", dim={dim}")
     kwargs = {} if dim is None else {"dim": dim}
