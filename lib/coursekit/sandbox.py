@@ -1,0 +1,462 @@
+"""The grader: a submission runs in its own process, and only its outputs come back.
+
+:func:`grade` imports the submission in a fresh Python (``python -m
+coursekit._worker``), which imports torch, numpy and the assignment's tests, never
+``softmaxbook``. For each test the grader builds the inputs (``make_inputs``), the
+student's process calls the submission (``run``, under the test's forbidden-call
+guard) and sends back plain data (``torch.save``, read with
+``torch.load(weights_only=True)``), and the grader judges it (``judge``) against
+expectations it computed itself. A submission that patches torch or the checkers
+patches them in its own process only.
+
+What student code can do to its process costs only the tests it touches:
+
+* a test that runs past ``timeout`` seconds is stopped (the process is killed and a
+  fresh one started for the next test); the function that did not return is not
+  called again, and later tests of it fail with that reason;
+* ``sys.exit``, ``os._exit``, a segfault or an abort in a call fail that test, with
+  the exit code or signal in words; the next test gets a fresh process;
+* the process may map ``memory_mb`` MiB beyond what torch maps at import; an
+  allocation past that fails inside the student's code (a ``MemoryError`` or
+  torch's "can't allocate memory"), which fails the test, not the grader;
+* an import error, a syntax error or ``sys.exit`` at import fails every test of a
+  ``.py`` file (with the error in words); in a notebook it costs only the cell;
+* the whole run stops starting tests after ``total_timeout`` seconds; the tests left
+  are reported as skipped.
+
+Whatever happens, :func:`grade` returns a :class:`~coursekit.results.GradeResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._model import Assignment, TestCase
+from ._process import START_TIMEOUT, Died, Process, TimedOut
+from .results import GradeResult, Status, TestResult
+from .submission import Submission, SubmissionError, load_submission
+
+__all__ = ["grade"]
+
+
+class _Grading:
+    """The state of one grading run."""
+
+    def __init__(
+        self,
+        assignment: Assignment,
+        submission: Submission,
+        *,
+        locator: tuple[str, str, str | None],
+        timeout: float,
+        import_timeout: float,
+        memory_mb: int,
+        total_timeout: float,
+        extra_paths: Sequence[str],
+    ) -> None:
+        self.assignment = assignment
+        self.submission = submission
+        self.locator = locator
+        self.timeout = timeout
+        self.import_timeout = import_timeout
+        self.memory_mb = memory_mb
+        self.start = time.monotonic()
+        self.deadline = self.start + total_timeout
+        self.total_timeout = total_timeout
+        self.extra_paths = extra_paths
+        self.process: Process | None = None
+        self.skip: set[int] = set()
+        self.notes: list[str] = list(submission.notes)
+        self.load_error: str | None = None
+        self.defined: set[str] = set()
+        self.tracked: set[str] = set()
+        self.timed_out: dict[str, str] = {}  # function -> the test it timed out in
+        self.block = sorted(
+            {p for t in assignment.tests for g in t.forbidden for p in _packages_of(g)}
+        )
+
+    # --- the student's process ----------------------------------------------------
+
+    def _drop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process = None
+
+    def ensure_loaded(self) -> bool:
+        """A live process with the submission imported; False when that failed."""
+        while self.process is None and self.load_error is None:
+            if time.monotonic() > self.deadline:
+                self.load_error = "The grading run reached its total time limit."
+                return False
+            process = Process(self.extra_paths)
+            self.process = process
+            try:
+                ready = process.data(
+                    min(time.monotonic() + START_TIMEOUT, self.deadline)
+                )
+                if ready.get("kind") != "ready":
+                    raise Died
+            except (Died, TimedOut):
+                tail = process.output.since(0)
+                self._drop()
+                self.load_error = (
+                    "The grading process could not start (this is not your code's "
+                    f"fault; tell your instructor): {tail or 'no output'}"
+                )
+                return False
+            self._load(process)
+        return self.process is not None
+
+    def _load(self, process: Process) -> None:
+        chunks = [(c.source, c.filename) for c in self.submission.chunks]
+        process.send(
+            {
+                "kind": "load",
+                "locator": self.locator,
+                "chunks": chunks,
+                "skip": sorted(self.skip),
+                "block": self.block,
+                "memory_mb": self.memory_mb,
+                "all_or_nothing": self.submission.all_or_nothing,
+            }
+        )
+        started: list[int] = []
+        mark = process.output.mark()
+        deadline = min(time.monotonic() + self.import_timeout, self.deadline)
+        try:
+            loaded = process.data(deadline, started)
+        except (Died, TimedOut) as error:
+            timed_out = isinstance(error, TimedOut)
+            why = (
+                f"did not finish within {self.import_timeout:g} s (an endless loop "
+                "at module level?)"
+                if timed_out
+                else process.how_it_ended()
+            )
+            tail = process.output.since(mark)
+            self._drop()
+            where = self._chunk_label(started[-1] if started else None)
+            if self.submission.all_or_nothing or not started:
+                self.load_error = f"Importing {where} {why}." + _tail(tail)
+            else:
+                self.skip.add(started[-1])
+                self.notes.append(f"Running {where} {why}; it was skipped.")
+            return
+        for problem in loaded["errors"]:
+            where = self._chunk_label(int(problem["index"]))
+            text = f"{problem['error']}" + (
+                f"\n{problem['traceback']}" if problem["traceback"] else ""
+            )
+            if self.submission.all_or_nothing:
+                self.load_error = f"Your code did not import: {text}"
+            else:
+                self.notes.append(
+                    f"{where[0].upper()}{where[1:]} raised {text}\n"
+                    "(the cells after it still ran)."
+                )
+        self.notes = list(dict.fromkeys(self.notes))
+        self.defined = set(loaded["defined"])
+        self.tracked = set(loaded["tracked"])
+        if self.load_error:
+            self._drop()
+
+    def _chunk_label(self, index: int | None) -> str:
+        if index is None or not self.submission.chunks:
+            return "your code"
+        chunk = self.submission.chunks[index]
+        if self.submission.all_or_nothing:
+            return chunk.filename
+        return f"{chunk.label} of {Path(self.submission.path).name}"
+
+    # --- one test -------------------------------------------------------------------
+
+    def result(
+        self, test: TestCase, status: Status, output: str, seconds: float = 0.0
+    ) -> TestResult:
+        return TestResult(
+            name=test.name,
+            score=test.points if status == "passed" else 0.0,
+            max_score=test.points,
+            visibility=test.visibility,
+            output=output,
+            status=status,
+            description=test.description,
+            seconds=round(seconds, 3),
+        )
+
+    def run_test(self, test: TestCase) -> TestResult:
+        if self.load_error is None:
+            self.ensure_loaded()
+        if self.load_error is not None:
+            return self.result(test, "error", self.load_error)
+        missing = [f for f in test.functions if f not in self.defined]
+        if missing:
+            names = ", ".join(f"`{f}`" for f in missing)
+            notes = "\n".join(self.notes)
+            return self.result(
+                test,
+                "error",
+                f"Your submission does not define {names} at module level."
+                + (f"\n{notes}" if notes else ""),
+            )
+        stuck = [f for f in test.functions if f in self.timed_out]
+        if stuck:
+            f = stuck[0]
+            return self.result(
+                test,
+                "timeout",
+                f"Not run: `{f}` did not return within {self.timeout:g} s in test "
+                f"`{self.timed_out[f]}`, and a function that timed out is not "
+                "called again.",
+            )
+        left = self.deadline - time.monotonic()
+        if left < 0.5:
+            return self.result(
+                test,
+                "skipped",
+                f"Not run: the grading run reached its total limit of "
+                f"{self.total_timeout:g} s.",
+            )
+        try:
+            inputs = test.make_inputs()
+        except Exception as error:
+            return self.result(
+                test,
+                "error",
+                "The grader could not build this test's inputs (a problem in the "
+                f"assignment, not in your code): {type(error).__name__}: {error}",
+            )
+        return self._call(test, inputs, min(self.timeout, left))
+
+    def _call(self, test: TestCase, inputs: dict[str, Any], limit: float) -> TestResult:
+        process = self.process
+        assert process is not None
+        mark = process.output.mark()
+        process.stack = []
+        start = time.monotonic()
+        try:
+            process.send(
+                {
+                    "kind": "run",
+                    "test": test.name,
+                    "inputs": inputs,
+                    "groups": list(test.forbidden),
+                }
+            )
+            reply = process.data(start + limit)
+        except TimedOut:
+            blamed = self._blame(test, process.stack)
+            self._drop()
+            names = ", ".join(f"`{f}`" for f in blamed)
+            return self.result(
+                test,
+                "timeout",
+                f"{names} did not return within {limit:g} s (an endless loop, or far "
+                "too slow); the test was stopped, and "
+                + ("it is" if len(blamed) == 1 else "they are")
+                + " not called again.",
+                time.monotonic() - start,
+            )
+        except Died:
+            why = process.how_it_ended()
+            tail = process.output.since(mark)
+            self._drop()
+            return self.result(
+                test,
+                "error",
+                f"Your code {why}." + _tail(tail),
+                time.monotonic() - start,
+            )
+        except Exception as error:  # a reply that is not plain data
+            self._drop()
+            return self.result(
+                test,
+                "error",
+                "What your code returned could not be read back as plain data "
+                f"({type(error).__name__}: {str(error)[:300]}).",
+                time.monotonic() - start,
+            )
+        return self._judge(test, inputs, reply)
+
+    def _blame(self, test: TestCase, stack: list[str]) -> list[str]:
+        blamed = [f for f in stack if f in self.assignment.functions]
+        blamed += [f for f in test.functions if f not in self.tracked]
+        if not blamed:
+            blamed = list(test.functions)
+        blamed = list(dict.fromkeys(blamed))
+        for f in blamed:
+            self.timed_out.setdefault(f, test.name)
+        return blamed
+
+    def _judge(
+        self, test: TestCase, inputs: dict[str, Any], reply: dict[str, Any]
+    ) -> TestResult:
+        seconds = float(reply.get("seconds", 0.0))
+        printed = str(reply.get("printed", ""))
+        shown = f"\n\nYour code printed:\n{printed}" if printed.strip() else ""
+        if reply.get("forbidden"):
+            return self.result(
+                test, "forbidden", str(reply["forbidden"]) + shown, seconds
+            )
+        if reply.get("kind") == "raised":
+            where = f"\n{reply['traceback']}" if reply.get("traceback") else ""
+            return self.result(
+                test, "error", f"{reply.get('error')}{where}" + shown, seconds
+            )
+        try:
+            verdict = test.judge(inputs, reply.get("outputs"))  # type: ignore[arg-type]
+        except Exception as error:
+            return self.result(
+                test,
+                "error",
+                "What your code returned could not be checked "
+                f"({type(error).__name__}: {str(error)[:300]}); check the return "
+                "types against the assignment's spec." + shown,
+                seconds,
+            )
+        if verdict is None:
+            return self.result(test, "passed", "", seconds)
+        if "allocate memory" in verdict or "MemoryError" in verdict:
+            verdict += (
+                f" (The grader gives your code {self.memory_mb} MiB of memory beyond "
+                "what torch needs.)"
+            )
+        return self.result(test, "failed", verdict + shown, seconds)
+
+    def close(self) -> None:
+        if self.process is not None:
+            try:
+                self.process.send({"kind": "quit"})
+            except Died:
+                pass
+            self._drop()
+
+
+def _packages_of(group: str) -> tuple[str, ...]:
+    from .forbidden import GROUPS
+
+    found = GROUPS.get(group)
+    return found.packages if found is not None else ()
+
+
+def _tail(text: str) -> str:
+    return f"\nIts last output:\n{text}" if text else ""
+
+
+def grade(
+    assignment: str | Assignment,
+    submission: str | Path,
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 4096,
+    total_timeout: float = 300.0,
+    import_timeout: float | None = None,
+    locator: tuple[str, str, str | None] | None = None,
+    extra_paths: Sequence[str] = (),
+) -> GradeResult:
+    """Grade ``submission`` (a ``.py`` or ``.ipynb`` file) on ``assignment``.
+
+    Parameters
+    ----------
+    assignment
+        An assignment id (``"softmax"``, ...) or an :class:`~coursekit.Assignment`.
+    submission
+        The student's file.
+    timeout
+        Seconds each test may run in the student's process.
+    memory_mb
+        MiB the student's process may map beyond what torch maps at import.
+    total_timeout
+        Seconds for the whole run; tests not started by then are skipped.
+    import_timeout
+        Seconds the submission's module-level code may run (default
+        ``max(3 * timeout, 10)``).
+    locator
+        How the student's process finds an :class:`Assignment` given as an object:
+        ``(module, attribute, None)`` for a module attribute, or ``(module,
+        function, argument)`` for a function call. Registered assignments need none.
+    extra_paths
+        Folders added to the student's process's ``sys.path`` (to import
+        ``locator``'s module).
+
+    Returns
+    -------
+    GradeResult
+        Always: a submission that cannot be read or imported scores 0, with the
+        reason in ``error``.
+    """
+    from .assignments import get_assignment
+
+    if isinstance(assignment, str):
+        assignment = get_assignment(assignment)
+        locator = locator or ("coursekit.assignments", "get_assignment", assignment.id)
+    elif locator is None:
+        raise ValueError("locator: needed when the assignment is given as an object")
+    for name, value in (("timeout", timeout), ("total_timeout", total_timeout)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    if import_timeout is None:
+        import_timeout = max(3 * timeout, 10.0)
+    start = time.monotonic()
+    try:
+        loaded = load_submission(submission)
+    except SubmissionError as error:
+        message = f"Your submission could not be read: {error}"
+        tests = [
+            TestResult(
+                t.name, 0.0, t.points, t.visibility, message, "error", t.description
+            )
+            for t in assignment.tests
+        ]
+        return GradeResult.collect(assignment.id, tests, error=message)
+    loaded, early_error = _precompile(loaded)
+    grading = _Grading(
+        assignment,
+        loaded,
+        locator=locator,
+        timeout=timeout,
+        import_timeout=import_timeout,
+        memory_mb=memory_mb,
+        total_timeout=total_timeout,
+        extra_paths=extra_paths,
+    )
+    grading.load_error = early_error
+    try:
+        results = [grading.run_test(t) for t in assignment.tests]
+    finally:
+        grading.close()
+    return GradeResult.collect(
+        assignment.id,
+        results,
+        error=grading.load_error,
+        notes=grading.notes,
+        seconds=time.monotonic() - start,
+    )
+
+
+def _precompile(submission: Submission) -> tuple[Submission, str | None]:
+    """Syntax errors found here, without running anything: a ``.py`` file that does
+    not compile fails as a whole; a notebook cell that does not is dropped."""
+    kept = []
+    notes = list(submission.notes)
+    for chunk in submission.chunks:
+        try:
+            compile(chunk.source, chunk.filename, "exec")
+        except (SyntaxError, ValueError) as error:
+            line = getattr(error, "lineno", None)
+            text = (getattr(error, "text", None) or "").rstrip()
+            where = f"line {line} of {chunk.filename}" if line else chunk.filename
+            message = (
+                f"{type(error).__name__} at {where}: {getattr(error, 'msg', error)}"
+            )
+            if text:
+                message += f"\n    {text.strip()}"
+            if submission.all_or_nothing:
+                return submission, f"Your code did not compile: {message}"
+            notes.append(f"{message}\n(this cell was skipped; the others still ran).")
+            continue
+        kept.append(chunk)
+    return Submission(submission.path, submission.kind, tuple(kept), tuple(notes)), None
