@@ -83,6 +83,8 @@ def softmax_jacobian(s: Tensor, dim: int = -1) -> Tensor:
     ------
     TypeError
         If ``s`` is not a floating-point tensor.
+    ValueError
+        If ``s`` is a 0-d tensor (a Jacobian needs a row).
     IndexError
         If ``dim`` is out of range.
     """
@@ -103,7 +105,9 @@ def softmax_backward(s: Tensor, grad_output: Tensor, dim: int = -1) -> Tensor:
     scores :math:`x`, :math:`J^\top g = J g`, without forming :math:`J`:
     one dot product and one elementwise update, :math:`O(N)` time and memory.
     Entries with :math:`s_i = 0` (scores of ``-inf``, masked keys) get an
-    exact zero gradient. In float16 and bfloat16 the arithmetic is done in
+    exact zero gradient when :math:`g` is finite (an infinite or ``nan``
+    entry of :math:`g` makes the row's :math:`s \cdot g`, and so the whole
+    row, ``nan``). In float16 and bfloat16 the arithmetic is done in
     float32 and the result rounded once.
 
     Shapes: ``s`` and ``grad_output`` are ``(..., N)`` along ``dim`` with the
@@ -170,8 +174,9 @@ class SoftmaxFunction(torch.autograd.Function):
     The forward pass is ``torch.softmax`` and saves only its output :math:`s`
     (``N`` numbers per row); the backward pass is
     :func:`~softmaxbook.softmax_backward`. Entries of ``-inf`` get weight 0
-    and gradient 0; a row that is entirely ``-inf`` (nothing to attend to)
-    gives zeros, not ``nan``, in both passes. ``nan`` in the input propagates.
+    and, for a finite upstream gradient, gradient 0; a row that is entirely
+    ``-inf`` (nothing to attend to) gives zeros, not ``nan``, in both passes.
+    ``nan`` in the input propagates.
 
     Shapes: ``x`` is ``(..., N)`` along ``dim``; the output has its shape and dtype.
 
@@ -218,7 +223,8 @@ def softmax_with_custom_backward(x: Tensor, dim: int = -1) -> Tensor:
     The same values and gradients as ``torch.softmax(x, dim)`` (up to
     rounding), computed by :class:`~softmaxbook.SoftmaxFunction`, so the
     backward pass is code you can read and step through. Scores of ``-inf``
-    get weight 0 and a gradient of exactly 0; a row that is entirely ``-inf``
+    get weight 0 and, for a finite upstream gradient, a gradient of exactly 0;
+    a row that is entirely ``-inf``
     gives zeros, not ``nan``. Works in every floating dtype; in float16 and
     bfloat16 the backward accumulates in float32.
 

@@ -1,8 +1,11 @@
 r"""NumPy float64 reference implementations, written to read like the math.
 
-These are the specification: every torch function in :mod:`softmaxbook` is
-tested against them. They favour clarity over speed, take and return NumPy
-arrays, and compute in float64 whatever the input dtype.
+These are the specification the library's torch code is checked against: the
+tests compare :func:`~softmaxbook.softmax`, :func:`~softmaxbook.log_softmax`,
+:func:`~softmaxbook.logsumexp`, :func:`~softmaxbook.online_softmax`,
+:func:`~softmaxbook.sparsemax` and softmax attention with them. They favour
+clarity over speed, take and return NumPy arrays, and compute in float64 whatever
+the input dtype.
 
 Shapes: ``x`` is ``(..., N)`` and the functions reduce along ``axis``
 (default the last).

@@ -1,4 +1,4 @@
-r"""Softmax, log-softmax and logsumexp in torch, each with a temperature.
+r"""Softmax and log-softmax with a temperature, and logsumexp, in torch.
 
 These are thin, checked wrappers around torch's fused kernels: the same dtype
 and device as the input, no extra copies, and a clear error for bad input.
