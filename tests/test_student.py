@@ -679,3 +679,58 @@ def test_student_notebooks_run_top_to_bottom(tmp_path):
         assert "NotImplementedError" in text, source.name
         if source == path:
             assert "check_softmax(my_softmax): 2 problems" in text
+
+
+# ------------------------------------------------------------ the instructors page
+
+INSTRUCTORS = ROOT / "chapters" / "instructors.md"
+
+
+def test_instructors_page_lists_every_exercise_of_every_chapter():
+    """Its homework, exam and implement-it-yourself tables: each exercise once."""
+    page = INSTRUCTORS.read_text()
+    tables = page[page.index("## Homework or exam?") :]
+    listed = re.findall(r"\{ref\}`(ex-[\w-]+)`", tables.split("Other exercises")[0])
+    labels = {
+        label
+        for chapter in CHAPTERS
+        for label in re.findall(
+            r":label:\s*(ex-[\w-]+)", _prose(json.loads(chapter.read_text()))
+        )
+    }
+    assert len(labels) >= 70 and any(label.startswith("ex-sinks") for label in labels)
+    assert sorted(set(listed)) == sorted(labels)
+    assert len(listed) == len(set(listed))  # in one table only
+
+
+def test_instructors_page_pins_this_version():
+    import softmaxbook
+
+    page = INSTRUCTORS.read_text()
+    version = softmaxbook.__version__
+    assert f'softmax-in-attention@v{version}"' in page
+    assert 'python -c "import softmaxbook; print(softmaxbook.__version__)"' in page
+    assert f'print(softmaxbook.__version__)"   # {version}' in page
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in page
+    # the CPU build comes first, then the package
+    assert page.index("download.pytorch.org/whl/cpu") < page.index("@v" + version)
+    stale = re.findall(r"@v(\d+\.\d+\.\d+)|__version__ == \"([\d.]+)\"", page)
+    assert {v for pair in stale for v in pair if v} == {version}
+
+
+def test_instructors_page_assignment_table_matches_the_course_kit():
+    from coursekit.assignments import ASSIGNMENTS as assignments
+    page = INSTRUCTORS.read_text()
+    rows = re.findall(
+        r"^\| `([\w-]+)` \| (.*) \| (\d+) \| (\d+) \| (\d+) \|$", page, re.M
+    )
+    assert [row[0] for row in rows] == list(assignments)
+    for aid, functions, visible, hidden, total in rows:
+        assignment = assignments[aid]
+        points = {"visible": 0.0, "hidden": 0.0}
+        for test in assignment.tests:
+            points[test.visibility] += test.points
+        assert (float(visible), float(hidden)) == (points["visible"], points["hidden"])
+        assert float(total) == assignment.max_score()
+        for name in assignment.functions:
+            assert f"`{name}" in functions, (aid, name)
