@@ -117,3 +117,12 @@ def test_ignore_gap_is_good_to_the_precision_the_docstring_states():
         gap = sb.ignore_gap(torch.softmax, n, eps)
         assert abs(gap - math.log(n * (1 - eps) / eps)) <= 1e-12
     assert "good to about :math:`10^{-12}`" in inspect.getdoc(analysis.ignore_gap)
+
+
+def test_naive_softmax_is_nan_only_where_exp_overflowed():
+    # The docstring said "the result becomes nan"; only the overflowed entries do.
+    with np.errstate(over="ignore"):
+        out = reference.naive_softmax([1000.0, 0.0, 710.0, 1.0])
+    assert np.isnan(out[[0, 2]]).all() and (out[[1, 3]] == 0).all()
+    assert np.isnan(reference.naive_softmax([-1000.0, -1001.0])).all()  # 0 / 0
+    assert "and the result becomes" not in _doc(reference.naive_softmax)

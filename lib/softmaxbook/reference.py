@@ -37,8 +37,10 @@ def naive_softmax(x: ArrayLike, axis: int = -1) -> np.ndarray:
     r"""Softmax straight from the definition: :math:`e^{x_i} / \sum_j e^{x_j}`.
 
     Deliberately unstable: ``exp`` overflows to ``inf`` for inputs above about
-    709 (in float64), and the result becomes ``nan``. Chapter 2 uses it to show
-    why :func:`softmax` subtracts the maximum first.
+    709.78 (in float64), the sum becomes ``inf``, and the weights become
+    ``inf / inf = nan`` where ``exp`` overflowed and 0 elsewhere (and a row whose
+    every ``exp`` underflows gives ``0 / 0 = nan``). Chapter 2 uses it to show why
+    :func:`softmax` subtracts the maximum first.
 
     >>> from softmaxbook import reference
     >>> reference.naive_softmax([1.0, 2.0, 3.0]).round(4).tolist()
