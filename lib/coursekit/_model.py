@@ -178,6 +178,8 @@ class Assignment:
                 )
             )
         cells.append(_code(f"incheck.check_notebook({self.id!r}, globals())"))
+        for number, cell in enumerate(cells):
+            cell["id"] = f"{self.package}-{number}"  # nbformat 4.5 wants ids
         return {
             "cells": cells,
             "metadata": {

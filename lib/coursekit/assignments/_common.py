@@ -49,7 +49,8 @@ _MAX_ITEMS = 16
 
 def plain(value: Any, depth: int = 0) -> Any:
     """``value`` as plain data: a detached CPU ``torch.Tensor`` (not a subclass),
-    numbers, strings, None, lists of them; anything else as ``"<object of type T>"``."""
+    numbers, strings, None, lists of them (as ``{"sequence", "items", "length"}``);
+    anything else as ``"<an object of type T>"``."""
     if isinstance(value, Tensor):
         t = value.detach()
         if type(t) is not Tensor:
@@ -63,7 +64,7 @@ def plain(value: Any, depth: int = 0) -> Any:
         kind = "tuple" if isinstance(value, tuple) else "list"
         items = [plain(v, depth + 1) for v in value[:_MAX_ITEMS]]
         return {"sequence": kind, "items": items, "length": len(value)}
-    return f"<object of type {type(value).__name__}>"
+    return f"<an object of type {type(value).__name__}>"
 
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

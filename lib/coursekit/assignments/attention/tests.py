@@ -326,6 +326,17 @@ def _sdpa_candidates(case: dict[str, Any]) -> list[Candidate]:
     return found
 
 
+def _sdpa_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
+    if bool(got.isnan().any()):
+        return EMPTY_NAN_HINT
+    if bool((got == 0).all()) and not bool((want == 0).all()):
+        return (
+            "Your output is all zeros, as if every key were masked: a key may be "
+            "attended where the mask is True (and, with mask=None, everywhere)."
+        )
+    return ""
+
+
 def _sdpa_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
@@ -339,9 +350,7 @@ def _sdpa_test(
         cases=cases,
         expect=_sdpa_expect,
         candidates=_sdpa_candidates,
-        explain=lambda case, got, want: (
-            EMPTY_NAN_HINT if bool(got.isnan().any()) else ""
-        ),
+        explain=_sdpa_explain,
         forbidden=FORBIDDEN,
     )
 

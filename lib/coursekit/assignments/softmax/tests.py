@@ -58,19 +58,8 @@ def _softmax_candidates(case: dict[str, Any]) -> list[Candidate]:
     x, dim = case["args"][0], _dim(case)
     xs = x.to(F64)
     with torch.no_grad():
-        e = torch.exp(xs)
-        whole = e / e.sum()
-        naive = e / e.sum(dim, keepdim=True)
-    return [
-        *_wrong_dims(case, _refs.softmax),
-        (
-            "",
-            whole,
-            "Your whole result sums to 1, not each row: divide by the sum along dim, "
-            "e.sum(dim=dim, keepdim=True).",
-        ),
-        ("", naive, MAX_HINT),
-    ]
+        naive = torch.exp(xs) / torch.exp(xs).sum(dim, keepdim=True)
+    return [*_wrong_dims(case, _refs.softmax), ("", naive, MAX_HINT)]
 
 
 def _softmax_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
@@ -78,6 +67,15 @@ def _softmax_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
         return MAX_HINT
     if bool((got < 0).any()):
         return "Weights are never negative: exp(x_i - m) / sum_j exp(x_j - m) > 0."
+    dim = _dim(case)
+    sums = got.to(F64).sum(dim)
+    if got.dim() > 1 and abs(float(sums.sum()) - 1) < 1e-3:
+        return (
+            "Your whole result sums to 1, not each slice along dim: divide by the sum "
+            "along dim, e.sum(dim=dim, keepdim=True)."
+        )
+    if not bool(torch.isclose(sums, torch.ones_like(sums), atol=1e-3).all()):
+        return f"Each slice along dim must sum to 1; yours sum to {c.fmt(sums)}."
     return "Compare with exp(x_i - m) / sum_j exp(x_j - m), m the row maximum."
 
 
