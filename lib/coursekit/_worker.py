@@ -314,8 +314,112 @@ def _limit_memory(memory_mb: int) -> None:
         pass
 
 
+def _preload() -> None:
+    """What every student process needs, imported once by the zygote."""
+    import numpy  # noqa: F401
+    import torch
+    import torch.nn.functional
+
+    from . import forbidden  # noqa: F401
+
+    torch.set_num_threads(1)
+    try:
+        from . import assignments  # noqa: F401
+    except Exception:  # the child imports (and reports) it again
+        pass
+
+
+def _send(sock: Any, value: Any) -> None:
+    payload = pickle.dumps(value)
+    sock.sendall(struct.pack(">I", len(payload)) + payload)
+
+
+def _receive(sock: Any) -> tuple[dict[str, Any], list[int]]:
+    import socket
+
+    data, fds, _, _ = socket.recv_fds(sock, 65536, 8)
+    if not data:
+        raise EOFError
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+        more = sock.recv(65536)
+        if not more:
+            raise EOFError
+        data += more
+    request: dict[str, Any] = pickle.loads(data[4:])
+    return request, list(fds)
+
+
+def _child(sock: Any, fds: list[int], request: dict[str, Any]) -> None:
+    """In a freshly forked child: become a student process, never return."""
+    code = 1
+    try:
+        sock.close()
+        os.setsid()  # its own process group, which the grader kills as a whole
+        request_fd, reply_fd, output_fd = fds
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        os.close(output_fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(request["cwd"])
+        sys.path[:0] = request["paths"]
+        faulthandler.enable()
+        Worker(request_fd, reply_fd).serve()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def zygote(fd: int) -> int:
+    """Fork student processes on request, each with torch already imported.
+
+    Requests arrive on the Unix socket ``fd``: ``fork`` (with the child's three
+    pipe ends attached) answers the child's pid; ``status`` answers a child's exit
+    code (negative for a signal) or None while it runs.
+    """
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    _preload()
+    ended: dict[int, int] = {}
+    while True:
+        try:
+            request, fds = _receive(sock)
+        except (EOFError, OSError):
+            return 0
+        if request["kind"] == "fork":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(sock, fds, request)
+            for child_fd in fds:
+                os.close(child_fd)
+            _send(sock, pid)
+        elif request["kind"] == "status":
+            pid = int(request["pid"])
+            deadline = time.monotonic() + float(request["wait"])
+            while pid not in ended:
+                try:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if done:
+                    ended[pid] = os.waitstatus_to_exitcode(status)
+                elif time.monotonic() >= deadline:
+                    break
+                else:
+                    time.sleep(0.02)
+            _send(sock, ended.get(pid))
+
+
 def main(argv: list[str]) -> int:
     """Serve the grader on the file descriptors given in ``argv``."""
+    if argv[1] == "--zygote":
+        return zygote(int(argv[2]))
     faulthandler.enable()  # a crash prints the Python stack to the captured stderr
     worker = Worker(int(argv[1]), int(argv[2]))
     worker.serve()

@@ -303,9 +303,8 @@ class _Grading:
             )
         if reply.get("kind") == "raised":
             where = f"\n{reply['traceback']}" if reply.get("traceback") else ""
-            return self.result(
-                test, "error", f"{reply.get('error')}{where}" + shown, seconds
-            )
+            text = self._memory_hint(f"{reply.get('error')}{where}")
+            return self.result(test, "error", text + shown, seconds)
         try:
             verdict = test.judge(inputs, reply.get("outputs"))  # type: ignore[arg-type]
         except Exception as error:
@@ -319,12 +318,15 @@ class _Grading:
             )
         if verdict is None:
             return self.result(test, "passed", "", seconds)
-        if "allocate memory" in verdict or "MemoryError" in verdict:
-            verdict += (
-                f" (The grader gives your code {self.memory_mb} MiB of memory beyond "
+        return self.result(test, "failed", self._memory_hint(verdict) + shown, seconds)
+
+    def _memory_hint(self, text: str) -> str:
+        if "allocate memory" in text or "MemoryError" in text:
+            text += (
+                f"\n(The grader gives your code {self.memory_mb} MiB of memory beyond "
                 "what torch needs.)"
             )
-        return self.result(test, "failed", verdict + shown, seconds)
+        return text
 
     def close(self) -> None:
         if self.process is not None:
