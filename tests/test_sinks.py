@@ -330,3 +330,18 @@ def test_ignore_gap_errors():
         sb.ignore_gap(sb.softpick, 3, eps=1.0)
     with pytest.raises(ValueError, match="n must be"):
         sb.ignore_gap(sb.softpick, 0)
+
+
+def test_what_the_docstrings_promise_at_the_edges():
+    # clipped_softmax gives exact ones only when stretched above 1 (zeta > 1): with the
+    # default zeta = 1 the largest weight stays below 1 at any finite gap, as the
+    # module docstring now says. sink_softmax's weights sum below 1 only in exact
+    # arithmetic: a score 200 above the sink rounds the sum to 1 in float32.
+    from softmaxbook.normalizers import sinks
+
+    row = torch.tensor([10.0, 0.0, 0.0])
+    assert sb.clipped_softmax(row)[0] < 1
+    assert sb.clipped_softmax(row, zeta=1.1)[0] == 1
+    assert "``zeta > 1``" in " ".join(sinks.__doc__.split())
+    assert float(sb.sink_softmax(torch.tensor([100.0]), -100.0).sum()) == 1.0
+    assert "below 1 in exact arithmetic" in " ".join(sb.sink_softmax.__doc__.split())

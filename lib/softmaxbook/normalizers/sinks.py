@@ -16,7 +16,8 @@ constraint, each in its own way:
   (Zuhri et al., 2025): a key with a score :math:`\le 0` gets exactly zero
   weight, so a row of non-positive scores attends to nothing.
 - :func:`clipped_softmax`: softmax stretched and clipped to :math:`[0, 1]`
-  (Bondarenko et al., 2023): exact zeros (and ones) at a finite score gap.
+  (Bondarenko et al., 2023): exact zeros at a finite score gap (and exact ones,
+  when stretched above 1, ``zeta > 1``).
 - :func:`relu_attention`: :math:`\mathrm{relu}(x_i) / n` (Wortsman et al.,
   2023): no normalization at all, so nothing forces a unit of weight.
 
@@ -132,7 +133,9 @@ def sink_softmax(x: Tensor, sinks: float | Tensor = 0.0, dim: int = -1) -> Tenso
     Returns
     -------
     Tensor
-        Non-negative weights whose sum along ``dim`` is below 1.
+        Non-negative weights whose sum along ``dim`` is below 1 in exact
+        arithmetic; computed, it rounds to 1 when the sink's share is below the
+        dtype's resolution (a score 200 above the sink, in float32).
 
     Raises
     ------
