@@ -216,48 +216,46 @@ def _code(text: str) -> dict[str, Any]:
 def make_stub_source(source: str) -> str:
     """``source`` with every function and method body replaced by a stub.
 
-    Each function keeps its signature and docstring, then ``raise
-    NotImplementedError``. Everything else (imports, comments, module constants,
-    classes and their attributes) stays as written, line for line.
+    Each public function and method keeps its signature and docstring, then ``raise
+    NotImplementedError``; private module-level helpers (``_name``) are left out, since
+    a submission need not have them. Everything else (imports, comments, module
+    constants, classes and their attributes) stays as written, line for line.
     """
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
-    spans: list[tuple[int, int, str]] = []  # (first body line, last line, indent)
+    edits: list[tuple[int, int, list[str]]] = []  # (first line, last line, new lines)
     for node in _functions(tree.body):
+        if node in tree.body and node.name.startswith("_"):
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            end = node.end_lineno or node.lineno
+            while end < len(lines) and not lines[end].strip():
+                end += 1  # and the blank lines after it
+            edits.append((start, end, []))
+            continue
         body = node.body
         first = body[0]
         if body[0].lineno == node.lineno:  # a one-line def: use the syntax tree
             return _unparse_stub(tree)
+        indent = " " * first.col_offset
+        raise_line = [f"{indent}raise NotImplementedError\n"]
         if (
             isinstance(first, ast.Expr)
             and isinstance(first.value, ast.Constant)
             and isinstance(first.value.value, str)
         ):
-            body = body[1:]
-            if not body:
-                spans.append((first.end_lineno or first.lineno, -1, ""))
+            after = first.end_lineno or first.lineno
+            if len(body) == 1:  # docstring only: add the raise after it
+                edits.append((after + 1, after, raise_line))
                 continue
-            start = (first.end_lineno or first.lineno) + 1
+            start = after + 1
         else:
             start = body[0].lineno
             while start - 1 > node.lineno and lines[start - 2].strip().startswith("#"):
                 start -= 1  # comments above the first statement go too
-        end = node.end_lineno or body[-1].lineno
-        indent = " " * body[0].col_offset
-        spans.append((start, end, indent))
-    for start, end, indent in sorted(spans, reverse=True):
-        if end == -1:  # docstring only: add the raise after it
-            ind = " " * (_col_of_docstring(lines, start))
-            lines.insert(start, f"{ind}raise NotImplementedError\n")
-            continue
-        lines[start - 1 : end] = [f"{indent}raise NotImplementedError\n"]
+        edits.append((start, node.end_lineno or body[-1].lineno, raise_line))
+    for start, end, new in sorted(edits, reverse=True):
+        lines[start - 1 : end] = new
     return "".join(lines)
-
-
-def _col_of_docstring(lines: list[str], end_line: int) -> int:
-    # The docstring's closing line carries its indentation.
-    text = lines[end_line - 1]
-    return len(text) - len(text.lstrip())
 
 
 def _functions(
@@ -273,6 +271,13 @@ def _functions(
 
 
 def _unparse_stub(tree: ast.Module) -> str:
+    tree.body = [
+        n
+        for n in tree.body
+        if not (
+            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name[0] == "_"
+        )
+    ]
     for node in _functions(tree.body):
         first = node.body[0]
         keep = (

@@ -212,6 +212,22 @@ def test_the_stub_keeps_classes_constants_and_docstrings() -> None:
         )
 
 
+@pytest.mark.parametrize("aid", FUNCTIONS)
+def test_the_stub_gives_no_answer_away(aid: str) -> None:
+    # The solution's workings live in comments and private helpers, which the stub
+    # leaves out; what it keeps (signatures, docstrings) is the spec.
+    a = get_assignment(aid)
+    stub, source = a.stub_source(), a.reference_source()
+    comments = [
+        line.strip() for line in source.splitlines() if line.strip().startswith("# ")
+    ]
+    assert comments and not any(c in stub for c in comments)
+    assert "\ndef _" not in stub  # private helpers are left out
+    assert stub.count("raise NotImplementedError") == len(
+        [n for n in ast.walk(ast.parse(stub)) if isinstance(n, ast.FunctionDef)]
+    )
+
+
 # --- the student notebook -----------------------------------------------------------
 
 

@@ -225,7 +225,7 @@ def worst(got: Tensor, want: Tensor, part: str, noun: str, where: str) -> str:
     """``With <where>, <noun> returned <got>; expected <want>.``, or for a large
     result the row with the largest error."""
     g, w = got.to(F64), want.to(F64)
-    whose = f"{part} of {noun}" if part else noun
+    whose = f"{part} from {noun}" if part else noun
     if g.dim() <= 1 and g.numel() <= 8:
         verb = "is" if part else "returned"
         return f"With {where}, {whose} {verb} {fmt(g)}; expected {fmt(w)}."
@@ -266,7 +266,7 @@ def compare(
     A hint comes from the first candidate (a likely mistake, computed from the same
     inputs) that ``got`` matches, else from ``explain(got, want)``.
     """
-    whose = f"{part} of {noun}" if part else noun
+    whose = f"{part} from {noun}" if part else noun
     if not isinstance(got, Tensor):
         return (
             f"With {where}, {whose} is {returned(got)}; expected a tensor of shape "

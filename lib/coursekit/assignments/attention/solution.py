@@ -1,4 +1,4 @@
-"""Reference solution of the `attention` assignment (torch primitives only)."""
+"""The `attention` assignment: masked softmax and scaled dot-product attention."""
 
 from __future__ import annotations
 

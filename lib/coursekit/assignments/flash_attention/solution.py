@@ -1,9 +1,4 @@
-"""Reference solution of the `flash-attention` assignment (torch primitives only).
-
-The forward pass visits the scores one (block_q, block_k) tile at a time, keeping
-for each query a running maximum m, a running sum l of exp(s - m) and an unnormalized
-output; the backward pass recomputes each tile's weights from the logsumexp.
-"""
+"""The `flash-attention` assignment: the tiled forward and backward passes."""
 
 from __future__ import annotations
 
@@ -43,6 +38,8 @@ def flash_forward(
     ``lse[i] = log sum_j exp(q_i . k_j / sqrt(D))`` over the keys query i may see;
     a query that sees none gets out 0 and lse -inf.
     """
+    # Per block of queries: a running maximum m, a running sum l of exp(s - m) and
+    # an unnormalized output, both rescaled by exp(m - m_new) when m grows.
     L, S = q.shape[-2], k.shape[-2]
     dtype = _compute_dtype(q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])
@@ -87,12 +84,10 @@ def flash_backward(
     grad_output: Tensor,
     is_causal: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) from the saved q, k, v, out and lse, tile by tile.
-
-    Each tile's weights are recomputed as P = exp(s - lse); with
-    Delta = rowsum(dO * O): dV += P^T dO, dS = P * (dO V^T - Delta),
-    dQ += dS K / sqrt(D), dK += dS^T Q / sqrt(D).
-    """
+    """(dq, dk, dv) from the forward pass's q, k, v, out, lse and dL/d out."""
+    # Each tile's weights are recomputed as P = exp(s - lse); with
+    # Delta = rowsum(dO * O): dV += P^T dO, dS = P * (dO V^T - Delta),
+    # dQ += dS K / sqrt(D), dK += dS^T Q / sqrt(D).
     L, S = q.shape[-2], k.shape[-2]
     dtype = _compute_dtype(q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])

@@ -56,7 +56,8 @@ EMPTY_HINT = (
 )
 ROWSUM_HINT = (
     "dS = P * (dP - Delta) with Delta = rowsum(dO * O), one number per query: "
-    "without that term dS = P * dP, which is the gradient of the unnormalized weights."
+    "without that term dS = P * dP, as if the softmax's normalizer did not depend on "
+    "the scores."
 )
 BACKWARD_NAN_HINT = (
     "nan appeared: for a query that sees no key, lse is -inf and s - lse is "

@@ -1,4 +1,4 @@
-"""Reference solution of the `gradients` assignment (torch primitives, no autograd)."""
+"""The `gradients` assignment: the backward pass of softmax and attention, by hand."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from torch import Tensor
 
 
 def softmax_backward(s: Tensor, grad_output: Tensor, dim: int = -1) -> Tensor:
-    """The vector-Jacobian product of softmax: s * (g - sum_j s_j g_j), along ``dim``.
-
-    ``s`` is the softmax's output. The Jacobian ds_i/dx_j = s_i (delta_ij - s_j) is
-    never formed: the sum couples every entry of the slice through the denominator.
-    """
+    """dL/dx for s = softmax(x, dim), given s and grad_output = dL/ds (same shape)."""
+    # ds_i/dx_j = s_i (delta_ij - s_j), so (g^T J)_j = s_j (g_j - sum_i s_i g_i): the
+    # sum couples every entry of the slice through the denominator.
     return s * (grad_output - (s * grad_output).sum(dim=dim, keepdim=True))
 
 
@@ -32,7 +30,7 @@ def attention_backward(
     grad_output: Tensor,
     mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of out = softmax(q k^T / sqrt(D), masked) v, given dout.
+    """(dq, dk, dv) for out = softmax(q k^T / sqrt(D), masked) v and dL/d out.
 
     Shapes: q (..., L, D), k (..., S, D), v (..., S, Dv), grad_output (..., L, Dv).
     """

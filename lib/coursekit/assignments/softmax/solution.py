@@ -1,4 +1,4 @@
-"""Reference solution of the `softmax` assignment (torch primitives only)."""
+"""The `softmax` assignment: softmax, log-softmax and cross-entropy in torch."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from torch import Tensor
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Softmax along ``dim``: exp(x_i - m) / sum_j exp(x_j - m), m the row maximum."""
+    """Softmax of ``x`` along ``dim``: same shape and dtype, each slice sums to 1."""
+    # exp(x_i - m) / sum_j exp(x_j - m), m the slice's maximum: the same weights.
     m = x.amax(dim=dim, keepdim=True)
     e = torch.exp(x - m)  # every exponent <= 0: nothing overflows
     return e / e.sum(dim=dim, keepdim=True)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Log-softmax along ``dim``: (x_i - m) - log(sum_j exp(x_j - m))."""
+    """log(softmax(x)) along ``dim``, finite wherever x is finite."""
+    # (x_i - m) - log(sum_j exp(x_j - m)), m the slice's maximum.
     shifted = x - x.amax(dim=dim, keepdim=True)
     # The sum is >= 1 (its largest term is exp(0)), so its log is finite.
     return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))

@@ -1,4 +1,4 @@
-"""Reference solution of the `sparse-maps` assignment (torch primitives only)."""
+"""The `sparse-maps` assignment: sparsemax and 1.5-entmax, exactly, by sorting."""
 
 from __future__ import annotations
 
@@ -17,11 +17,9 @@ def _sorted_rows(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
-    """The Euclidean projection of each slice onto the simplex: max(x - tau, 0).
-
-    With z sorted in decreasing order, the support is the largest k with
-    1 + k z_k > z_1 + ... + z_k, and tau = (z_1 + ... + z_k - 1) / k.
-    """
+    """The Euclidean projection of each slice onto the simplex: max(x - tau, 0)."""
+    # With z sorted in decreasing order, the support is the largest k with
+    # 1 + k z_k > z_1 + ... + z_k, and tau = (z_1 + ... + z_k - 1) / k.
     z, zs, k = _sorted_rows(x, dim)
     cumsum = zs.cumsum(dim=-1)
     support = (1 + k * zs > cumsum).sum(dim=-1, keepdim=True)  # >= 1
@@ -30,13 +28,11 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
-    """1.5-entmax: p = max(x / 2 - tau, 0) ** 2 with tau such that sum(p) = 1.
-
-    For the k largest entries of z = x / 2, sum_j (z_j - tau)^2 = 1 is a quadratic
-    in tau; its smaller root is mean - sqrt((1 - k * var) / k), with mean and var
-    the mean and variance of those k entries. The support is the largest k whose
-    root lies below z_k.
-    """
+    """1.5-entmax: p = max(x / 2 - tau, 0) ** 2 with tau such that sum(p) = 1."""
+    # For the k largest entries of z = x / 2, sum_j (z_j - tau)^2 = 1 is a quadratic
+    # in tau; its smaller root is mean - sqrt((1 - k * var) / k), with mean and var
+    # the mean and variance of those k entries. The support is the largest k whose
+    # root lies below z_k.
     z, zs, k = _sorted_rows(x / 2, dim)
     mean = zs.cumsum(dim=-1) / k
     mean_sq = (zs * zs).cumsum(dim=-1) / k
