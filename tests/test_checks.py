@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import doctest
 import math
+import pickle
 import re
 from pathlib import Path
 
@@ -1246,6 +1247,18 @@ def test_the_stub_no_longer_beats_the_identity():
     (lost,) = [r for r in half.results if not r.passed]
     assert lost.name == "random scores of shape (3, 7) (float16)"
     assert lost.message == half.problems[0]
+
+
+def test_a_scored_report_keeps_its_public_path_and_pickles():
+    # an autograder may store reports: their classes keep the public path
+    report = checks.check_softmax(softmax_naive)
+    assert type(report.results[0]) is checks.CheckResult
+    assert repr(report.results[0]).startswith("CheckResult(name='scores [1, 0.5")
+    assert checks.CheckResult.__module__ == "softmaxbook.checks"
+    again = pickle.loads(pickle.dumps(report))
+    assert again == report and again.score == report.score < again.max_score
+    assert checks.CheckResult("x", False, 2.5).score == 0
+    assert checks.CheckResult("x", True, 2.5).score == 2.5
 
 
 def test_a_stopped_check_still_scores_the_inputs_it_passes():

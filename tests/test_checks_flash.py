@@ -599,6 +599,7 @@ def test_the_new_checkers_are_public_and_documented():
     ]:
         assert name in checks.__all__
         assert "Examples" in getattr(checks, name).__doc__
+    assert "CheckResult" in checks.__all__
 
 
 def _names(report):

@@ -51,7 +51,7 @@ For an autograder, ``check_softmax(fn).raise_if_failed()`` raises an
 ``AssertionError`` listing every problem, which pytest shows as the failure.
 """
 
-from ._report import CheckReport
+from ._report import CheckReport, CheckResult
 from .analysis import check_attention_entropy
 from .attention import check_attention
 from .flash import check_flash_backward, check_flash_forward, check_flash_function
@@ -65,6 +65,7 @@ from .sparsemax import check_sparsemax
 
 __all__ = [
     "CheckReport",
+    "CheckResult",
     "check_softmax",
     "check_log_softmax",
     "check_masked_softmax",
@@ -84,7 +85,7 @@ __all__ = [
 # The report's class keeps its public path, softmaxbook.checks.CheckReport, in
 # its repr, in help() and in pickled reports (an autograder may store them), not
 # the path of the private module that defines it and may move.
-CheckReport.__module__ = __name__
+CheckReport.__module__ = CheckResult.__module__ = __name__
 
 # doctest.testmod(softmaxbook.checks) runs the examples of every public name,
 # although each is defined in a submodule.
