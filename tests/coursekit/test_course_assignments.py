@@ -134,6 +134,18 @@ def test_inputs_are_deterministic(aid: str) -> None:
         assert repr(first) == repr(second), t.name
 
 
+@pytest.mark.parametrize("aid", FUNCTIONS)
+def test_a_judge_answers_in_words_whatever_comes_back(aid: str) -> None:
+    # The grader may hand a judge nothing (a crash) or something malformed.
+    garbage: list[Any] = [None, {}, {"results": [{"value": "x"}]}, {"results": 3}]
+    garbage.append({"value": "<an object of type Evil>", "grads": [None]})
+    for t in get_assignment(aid).tests:
+        inputs = t.make_inputs()
+        for outputs in garbage:
+            verdict = t.judge(inputs, outputs)
+            assert isinstance(verdict, str) and verdict, (t.name, outputs)
+
+
 # --- the reference solutions --------------------------------------------------------
 
 

@@ -409,7 +409,7 @@ def call_test(
         description=description,
         make_inputs=make_inputs,
         run=run,
-        judge=judge,
+        judge=robust(judge),
         forbidden=forbidden,
     )
 
@@ -595,6 +595,24 @@ def autograd_test(
         description=description,
         make_inputs=case,
         run=run,
-        judge=judge,
+        judge=robust(judge),
         forbidden=forbidden,
     )
+
+
+JudgeFn = Callable[[dict[str, Any], dict[str, Any]], "str | None"]
+
+
+def robust(judge: JudgeFn) -> JudgeFn:
+    """``judge`` that answers in words when the outputs are not what ``run`` returns
+    (none came back, or they are malformed), instead of raising."""
+
+    def checked(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
+        if not isinstance(outputs, dict):
+            return f"no results came back from your code (got {returned(outputs)})."
+        try:
+            return judge(inputs, outputs)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+            return f"your results could not be judged ({describe_error(error)})."
+
+    return checked

@@ -211,7 +211,7 @@ def _ms_grad_explain_wrapper() -> TestCase:
                 return c.words(message + " " + BACKWARD_NAN_HINT)
         return message
 
-    return dataclasses.replace(test, judge=judge)
+    return dataclasses.replace(test, judge=c.robust(judge))
 
 
 # --- scaled_dot_product_attention ---------------------------------------------------
