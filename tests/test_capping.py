@@ -154,3 +154,12 @@ def test_qk_clip_on_a_model_parameter_and_errors():
         sb.qk_clip_(w_q, w_k, torch.ones(2), 1.0, b_q=torch.ones(3))
     with pytest.raises(ValueError, match="head dimension"):
         sb.max_attention_logits(torch.ones(3, 4), torch.ones(3, 4))
+
+
+def test_soft_cap_reaches_the_cap_in_floating_point_as_documented():
+    # c tanh(x / c) < c in exact arithmetic, but tanh rounds to 1 far beyond the cap:
+    # the closed interval [-c, c] is what the function returns, as its docstring says.
+    y = sb.soft_cap(torch.tensor([1000.0, float("inf"), -1000.0]), 50.0)
+    assert y.tolist() == [50.0, 50.0, -50.0]
+    doc = " ".join(sb.soft_cap.__doc__.split())
+    assert "Values in :math:`[-c, c]`" in doc

@@ -62,7 +62,10 @@ def soft_cap(x: Tensor, cap: float) -> Tensor:
     Returns
     -------
     Tensor
-        Values in :math:`(-c, c)`, except ``-inf`` (kept) and ``nan`` (kept).
+        Values in :math:`[-c, c]`: in :math:`(-c, c)` in exact arithmetic, but
+        ``tanh`` rounds to 1 far beyond the cap (a logit of 1000 with
+        :math:`c = 50` gives exactly 50) and ``+inf`` gives :math:`c`;
+        ``-inf`` and ``nan`` are kept.
 
     Raises
     ------
