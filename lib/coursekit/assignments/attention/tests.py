@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..._model import Assignment, TestCase, Visibility
+from .. import _builders as b
 from .. import _common as c
 from .._common import BF16, F16, F32, F64, Candidate
 
@@ -109,7 +110,7 @@ def _ms_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
 def _ms_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -189,7 +190,7 @@ def _ms_grads(case: dict[str, Any]) -> list[Tensor]:
 
 
 def _ms_grad_explain_wrapper() -> TestCase:
-    test = c.autograd_test(
+    test = b.autograd_test(
         name="masked_softmax_gradient",
         points=2,
         visibility="hidden",
@@ -211,7 +212,7 @@ def _ms_grad_explain_wrapper() -> TestCase:
                 return c.words(message + " " + BACKWARD_NAN_HINT)
         return message
 
-    return dataclasses.replace(test, judge=c.robust(judge))
+    return dataclasses.replace(test, judge=b.robust(judge))
 
 
 # --- scaled_dot_product_attention ---------------------------------------------------
@@ -340,7 +341,7 @@ def _sdpa_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
 def _sdpa_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -518,7 +519,7 @@ TESTS: tuple[TestCase, ...] = (
         "scores of several hundred: no overflow",
         _sdpa_large,
     ),
-    c.autograd_test(
+    b.autograd_test(
         name="sdpa_gradient",
         points=2,
         visibility="hidden",
@@ -537,6 +538,6 @@ ASSIGNMENT = Assignment(
     title="Masked softmax and scaled dot-product attention",
     functions=("masked_softmax", "scaled_dot_product_attention"),
     tests=TESTS,
-    spec=c.spec_text("attention", TESTS),
+    spec=b.spec_text("attention", TESTS),
     package="attention",
 )

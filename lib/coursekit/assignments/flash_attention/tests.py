@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..._model import Assignment, TestCase, Visibility
+from .. import _builders as b
 from .. import _common as c
 from .._common import BF16, F32, F64, Candidate
 
@@ -185,7 +186,7 @@ def _cast(
 def _forward_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -247,7 +248,7 @@ def _backward_candidates(case: dict[str, Any]) -> list[Candidate]:
 def _backward_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -331,7 +332,7 @@ def _memory_run(
 
 def _memory_judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
     case = inputs["cases"][0]
-    message = c.judge_call(
+    message = b.judge_call(
         case,
         outputs["results"][0],
         _expect_forward(case),
@@ -384,7 +385,7 @@ def _saves_judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
     case = inputs["cases"][0]
     noun = "FlashAttention.apply"
     expected = _expect_forward(case)
-    message = c.judge_call(case, outputs["results"][0], expected[0][1], noun=noun)
+    message = b.judge_call(case, outputs["results"][0], expected[0][1], noun=noun)
     if message:
         return message
     where = case["where"]
@@ -463,10 +464,6 @@ def _autograd_grads(case: dict[str, Any]) -> list[Tensor]:
     return list(_refs.attention_grads(q, k, v, case["grad"], None, causal, ALIGN))
 
 
-def _one(case: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
-    return lambda: [case]
-
-
 TESTS: tuple[TestCase, ...] = (
     _forward_test(
         "flash_forward_values",
@@ -508,7 +505,7 @@ TESTS: tuple[TestCase, ...] = (
         "q, k, v, out and lse only",
         make_inputs=lambda: {"cases": [_case(*_qkv(65, 24, 20), is_causal=False)]},
         run=_saves_run,
-        judge=c.robust(_saves_judge),
+        judge=b.robust(_saves_judge),
         forbidden=FORBIDDEN,
     ),
     _forward_test(
@@ -550,7 +547,7 @@ TESTS: tuple[TestCase, ...] = (
         description="the forward pass never holds the (L, S) scores (L = S = 128)",
         make_inputs=lambda: {"cases": [_memory_case()]},
         run=_memory_run,
-        judge=c.robust(_memory_judge),
+        judge=b.robust(_memory_judge),
         forbidden=FORBIDDEN,
     ),
     _backward_test(
@@ -574,7 +571,7 @@ TESTS: tuple[TestCase, ...] = (
         "bfloat16 inputs give bfloat16 gradients",
         lambda: [_backward_case(75, 24, 24, True, BF16)],
     ),
-    c.autograd_test(
+    b.autograd_test(
         name="flash_autograd_gradients",
         points=2,
         visibility="hidden",
@@ -595,6 +592,6 @@ ASSIGNMENT = Assignment(
     title="FlashAttention: the tiled forward and backward passes",
     functions=("flash_forward", "flash_backward", "FlashAttention"),
     tests=TESTS,
-    spec=c.spec_text("flash_attention", TESTS),
+    spec=b.spec_text("flash_attention", TESTS),
     package="flash_attention",
 )

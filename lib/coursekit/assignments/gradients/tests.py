@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..._model import Assignment, TestCase, Visibility
+from .. import _builders as b
 from .. import _common as c
 from .._common import BF16, F32, F64, Candidate
 
@@ -97,7 +98,7 @@ def _sb_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
 def _sb_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -232,7 +233,7 @@ def _ab_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
 def _ab_test(
     name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -365,6 +366,6 @@ ASSIGNMENT = Assignment(
     title="The backward pass of softmax and attention, by hand",
     functions=("softmax_backward", "attention_backward"),
     tests=TESTS,
-    spec=c.spec_text("gradients", TESTS),
+    spec=b.spec_text("gradients", TESTS),
     package="gradients",
 )

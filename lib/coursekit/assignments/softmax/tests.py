@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..._model import Assignment, TestCase
+from .. import _builders as b
 from .. import _common as c
 from .._common import BF16, F16, F32, F64, INF, Candidate
 
@@ -138,7 +139,7 @@ def _softmax_test(
     name: str, points: float, vis: Any, desc: str, cases: Any
 ) -> TestCase:
     from_refs = _expect_softmax
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -168,7 +169,7 @@ def _expect_log_softmax(case: dict[str, Any]) -> Tensor:
 def _log_softmax_test(
     name: str, points: float, vis: Any, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -246,7 +247,7 @@ def _ce_dtype_cases() -> list[dict[str, Any]]:
 
 
 def _ce_test(name: str, points: float, vis: Any, desc: str, cases: Any) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -299,7 +300,7 @@ _EXPECT = {
 
 
 def _grad_test(fn: str, points: float) -> TestCase:
-    return c.autograd_test(
+    return b.autograd_test(
         name=f"{fn}_gradient",
         points=points,
         visibility="hidden",
@@ -323,7 +324,7 @@ def _unchanged_run(
 
 def _unchanged_judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
     case = _case(inputs["x"])
-    message = c.judge_call(case, outputs, _expect_softmax(case), noun="your softmax")
+    message = b.judge_call(case, outputs, _expect_softmax(case), noun="your softmax")
     if message:
         return message
     if not outputs.get("unchanged"):
@@ -402,7 +403,7 @@ TESTS: tuple[TestCase, ...] = (
         description="softmax returns the right weights and leaves its input alone",
         make_inputs=lambda: {"x": c.randn(c.generator(15), 4, 6, scale=2.0)},
         run=_unchanged_run,
-        judge=c.robust(_unchanged_judge),
+        judge=b.robust(_unchanged_judge),
         forbidden=FORBIDDEN,
     ),
     _grad_test("softmax", 2),
@@ -436,6 +437,6 @@ ASSIGNMENT = Assignment(
     title="Softmax, log-softmax and cross-entropy from scratch",
     functions=("softmax", "log_softmax", "cross_entropy"),
     tests=TESTS,
-    spec=c.spec_text("softmax", TESTS),
+    spec=b.spec_text("softmax", TESTS),
     package="softmax",
 )

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..._model import Assignment, TestCase, Visibility
+from .. import _builders as b
 from .. import _common as c
 from .._common import BF16, F32, F64, INF, Candidate
 
@@ -128,7 +129,7 @@ def _explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
 def _test(
     fn: str, name: str, points: float, vis: Visibility, desc: str, cases: Any
 ) -> TestCase:
-    return c.call_test(
+    return b.call_test(
         name=name,
         points=points,
         visibility=vis,
@@ -196,7 +197,7 @@ def _grads(fn: str) -> Any:
 
 
 def _grad_test(fn: str, seed: int) -> TestCase:
-    return c.autograd_test(
+    return b.autograd_test(
         name=f"{fn}_gradient",
         points=2,
         visibility="hidden",
@@ -294,6 +295,6 @@ ASSIGNMENT = Assignment(
     title="Sparse alternatives to softmax: sparsemax and 1.5-entmax",
     functions=("sparsemax", "entmax15"),
     tests=TESTS,
-    spec=c.spec_text("sparse_maps", TESTS),
+    spec=b.spec_text("sparse_maps", TESTS),
     package="sparse_maps",
 )
