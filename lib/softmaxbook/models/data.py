@@ -28,8 +28,12 @@ def make_associative_recall(
     ``0 .. n_keys-1`` and values the tokens ``n_keys .. n_keys+n_values-1``,
     so a model needs a vocabulary of ``n_keys + n_values``. A model can only
     solve it by *looking back* at the right position, which depends on the
-    content of the sequence: the task needs attention. A guess that knows
-    only the set of values scores :math:`1/P` at best.
+    content of the sequence: the task needs attention. A guess that ignores
+    the order can only bet on the values present: the most frequent one is
+    right with probability (its count) / :math:`P`, which is :math:`1/P` only
+    when no value repeats (with the defaults, a value repeats in about two
+    thirds of the sequences, and this order-blind guess is right about 29 %
+    of the time, against :math:`1/P = 1/6`).
 
     Shapes: returns ``tokens`` ``(n, 2 * n_pairs + 1)`` and ``targets``
     ``(n,)``, both ``torch.long``.

@@ -126,8 +126,10 @@ class TransformerBlock(nn.Module):
     :math:`x + \mathrm{MLP}(\mathrm{LN}(x))`.
 
     Normalizing *before* each sublayer keeps the residual stream an identity
-    path, which is what makes small transformers train without a warm-up
-    ritual. The keyword arguments go to :class:`MultiHeadAttention`.
+    path; Xiong et al. (2020) show that such pre-LN transformers have
+    well-behaved gradients at initialization and train without the learning-rate
+    warm-up that post-LN ones need (the book's recipe keeps a short one). The
+    keyword arguments go to :class:`MultiHeadAttention`.
 
     Shapes: ``x`` is ``(B, L, d_model)``; returns ``(B, L, d_model)`` and the
     ``(B, H, L, L)`` attention weights.
