@@ -5,10 +5,13 @@ about the arguments (device, dtype, whether a gradient is needed, shapes),
 so :func:`explain_dispatch` reports exactly what the library does, and the
 rule is tested on plain facts, without a GPU.
 
-Only :func:`~softmaxbook.flash_attention` dispatches on its own (a fused
-kernel is its purpose). The softmax kernel is opt-in:
-:func:`~softmaxbook.kernels.fused_softmax` applies this rule,
-:func:`~softmaxbook.softmax` never does.
+Of the two operations with a Triton kernel, only
+:func:`~softmaxbook.flash_attention` dispatches on its own (a fused kernel is
+its purpose): to the Triton kernels on CUDA, to torch's own CPU FlashAttention
+kernel where that computes the same thing (``path="fused"``), and otherwise to
+the library's tile loops (``"torch"``; ``"dropout"`` when it drops weights).
+The softmax kernel is opt-in: :func:`~softmaxbook.kernels.fused_softmax`
+applies this rule, :func:`~softmaxbook.softmax` never does.
 
 :func:`~softmaxbook.scaled_dot_product_attention` has a rule of its own
 (``sdpa_decision``): where the semantics are the same (the softmax
@@ -67,10 +70,12 @@ class DispatchDecision:
     """Which implementation a call takes, and why.
 
     ``path`` is ``"triton"`` (the fused kernels of :mod:`softmaxbook.kernels`)
-    or ``"torch"`` (the library's torch code); for
-    ``"scaled_dot_product_attention"`` it is ``"fused"`` (torch's fused
-    kernel, ``torch.nn.functional.scaled_dot_product_attention``) or
-    ``"explicit"`` (scores, weights and their average computed in the open).
+    or ``"torch"`` (the library's torch code); ``"flash_attention"`` may also
+    take ``"fused"`` (torch's own CPU FlashAttention kernel) or ``"dropout"``
+    (the weights formed and dropped); for ``"scaled_dot_product_attention"``
+    it is ``"fused"`` (torch's fused kernel,
+    ``torch.nn.functional.scaled_dot_product_attention``) or ``"explicit"``
+    (scores, weights and their average computed in the open).
     ``reason`` is one sentence. ``str(decision)`` reads
     ``"flash_attention -> torch: ..."``.
     """
@@ -117,7 +122,10 @@ def explain_dispatch(
     float16, bfloat16 or float32, the shape fits the kernel and, for
     ``"softmax"``, no gradient is needed (its kernel is forward-only;
     FlashAttention has a backward kernel too); otherwise the torch code, which
-    gives the same result up to rounding.
+    gives the same result up to rounding. For ``"flash_attention"`` that is
+    torch's own CPU kernel (``"fused"``) where it computes the same thing,
+    else the library's tile loops (``"torch"``, also forced by
+    ``explicit=True`` or ``block_size=``); pass its keyword arguments too.
 
     For ``"scaled_dot_product_attention"``, pass ``q, k, v`` and the keyword
     arguments of the call (``mask`` or ``attn_mask``, boolean or float,
@@ -138,7 +146,8 @@ def explain_dispatch(
     *tensors : Tensor
         The arguments the call would get.
     **options
-        For ``"scaled_dot_product_attention"`` only: its keyword arguments.
+        For the attention ops: the call's keyword arguments (``"softmax"``
+        takes none).
 
     Returns
     -------
@@ -150,8 +159,8 @@ def explain_dispatch(
     ValueError
         If ``op`` is unknown or no tensor is given.
     TypeError
-        If an argument is not a tensor, or options are given for another op
-        than ``"scaled_dot_product_attention"``.
+        If an argument is not a tensor, or options are given for
+        ``"softmax"``.
 
     Examples
     --------
@@ -159,6 +168,10 @@ def explain_dispatch(
     >>> q = torch.randn(2, 4, 8, 16)
     >>> sb.explain_dispatch("scaled_dot_product_attention", q, q, q).path
     'fused'
+    >>> sb.explain_dispatch("flash_attention", q, q, q).path  # on the CPU
+    'fused'
+    >>> sb.explain_dispatch("flash_attention", q, q, q, explicit=True).path
+    'torch'
     >>> sb.explain_dispatch(
     ...     "scaled_dot_product_attention", q, q, q, return_weights=True
     ... ).path
