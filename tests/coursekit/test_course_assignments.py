@@ -583,3 +583,10 @@ def test_a_function_saving_the_weights_loses_the_saved_tensors_points() -> None:
     assert message is not None
     # Its output was right (the value is judged first): the saved weights cost it.
     assert "saves a tensor of shape (2, 24, 20): the (L, S) weights" in message
+
+
+def test_the_autograd_function_names_its_forward_passs_mistake() -> None:
+    ns = mutant("flash-attention", "acc = acc * alpha + p @", "acc = acc + p @")
+    for test in ("flash_autograd_saves", "flash_autograd_gradients"):
+        message = failure("flash-attention", test, ns)
+        assert message is not None and "without the rescale" in message, message

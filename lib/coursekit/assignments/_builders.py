@@ -204,6 +204,7 @@ def autograd_test(
     grads: Callable[[dict[str, Any]], list[Tensor]],
     forbidden: tuple[str, ...] = (),
     method: str | None = None,
+    candidates: Callable[[dict[str, Any]], Sequence[Candidate]] | None = None,
 ) -> TestCase:
     """A test of the gradients autograd finds through ``fn``.
 
@@ -238,7 +239,13 @@ def autograd_test(
 
     def judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
         where = inputs["where"]
-        message = judge_call(inputs, outputs, expect(inputs), noun=noun)
+        message = judge_call(
+            inputs,
+            outputs,
+            expect(inputs),
+            noun=noun,
+            candidates=_bind(candidates, inputs),
+        )
         if message:
             return message
         got = outputs.get("grads")

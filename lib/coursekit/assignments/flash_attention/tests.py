@@ -3,7 +3,6 @@ the FlashAttention autograd Function."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,150 +12,25 @@ from torch import Tensor
 from ..._model import Assignment, TestCase, Visibility
 from .. import _builders as b
 from .. import _common as c
-from .._common import BF16, F32, F64, Candidate
+from .._common import BF16, F32, F64
+from . import _mistakes as m
 
 FORBIDDEN = ("softmax", "sdpa", "softmaxbook", "entmax")
-ALIGN = "bottom_right"
-LOG2E = 1 / math.log(2)
-
-RESCALE_HINT = (
-    "That is the tiled sum without the rescale: when a new tile raises the running "
-    "maximum from m to m_new, what was accumulated so far (the output and the sum l) "
-    "was computed against the old maximum and must be multiplied by exp(m - m_new) "
-    "before the new tile's terms are added."
-)
-LSE_BASE2_HINT = (
-    "That logsumexp is in base 2 (log2 of the sum, e.g. from exp2 with scores scaled "
-    "by log2(e)): return the natural log, lse = m + log(l), or divide by log2(e)."
-)
-LSE_NO_MAX_HINT = (
-    "That is log(l) alone: l sums exp(s - m), so the logsumexp is m + log(l); "
-    "add the running maximum back."
-)
-LSE_MAX_HINT = "That is the row maximum m; the logsumexp is m + log(l)."
-LSE_UNSCALED_HINT = (
-    "That is the logsumexp of the unscaled scores q k^T; take it of the scores the "
-    "softmax sees, q k^T / sqrt(D)."
-)
-NORMALIZE_HINT = "Divide the accumulated output by the running sum l at the end."
-ALIGN_HINT = (
-    "That is the top-left alignment (key j for query i when j <= i). This assignment "
-    "aligns the causal mask at the bottom right, as FlashAttention does: key j for "
-    "query i when j <= i + S - L."
-)
-PARTIAL_HINT = (
-    "The last, partial block of keys was skipped: when S is not a multiple of "
-    "block_k, the last tile is k[..., j:S, :] (range(0, S, block_k) with "
-    "min(j + block_k, S))."
-)
-EMPTY_HINT = (
-    "A query that may see no key (causal with L > S) has every score at -inf: its "
-    "running maximum stays -inf and exp(-inf - (-inf)) is nan. Such a row has "
-    "output 0 and lse -inf: use 0 in place of an -inf maximum, and divide by l only "
-    "where l > 0."
-)
-ROWSUM_HINT = (
-    "dS = P * (dP - Delta) with Delta = rowsum(dO * O), one number per query: "
-    "without that term dS = P * dP, as if the softmax's normalizer did not depend on "
-    "the scores."
-)
-BACKWARD_NAN_HINT = (
-    "nan appeared: for a query that sees no key, lse is -inf and s - lse is "
-    "-inf - (-inf); replace that lse by 0 (its weights are then exp(-inf) = 0)."
-)
-
 
 # --- grader-side: the expectation and the likely mistakes ---------------------------
-
-
-def _kw(case: dict[str, Any]) -> tuple[bool, int, int]:
-    kw = case["kwargs"]
-    causal = bool(kw.get("is_causal", False))
-    return causal, int(kw.get("block_q", 16)), int(kw.get("block_k", 16))
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return F32 if dtype in (torch.float16, BF16) else dtype
 
 
 def _expect_forward(case: dict[str, Any]) -> list[tuple[str, Tensor, torch.dtype]]:
     from .. import _refs
 
     q, k, v = case["args"]
-    out, lse, _ = _refs.attention(q, k, v, None, _kw(case)[0], ALIGN)
-    return [("out", out, q.dtype), ("lse", lse, _lse_dtype(q.dtype))]
-
-
-def _tiled(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: bool,
-    bq: int,
-    bk: int,
-    rescale_acc: bool = True,
-    rescale_l: bool = True,
-    align: str = ALIGN,
-    last_block: bool = True,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The tiled forward pass in float64, with a mistake switched on or off:
-    (out, lse, m, l)."""
-    from .. import _refs
-
-    q, k, v = q.to(F64), k.to(F64), v.to(F64)
-    L, S = q.shape[-2], k.shape[-2]
-    stop = S if last_block else S // bk * bk
-    s_all = _refs.scores(q, k)
-    if causal:
-        s_all = s_all.masked_fill(~_refs.causal_keep(L, S, align), -math.inf)
-    m = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=F64)
-    l = torch.zeros_like(m)  # noqa: E741
-    acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=F64)
-    for j0 in range(0, stop, bk):
-        s = s_all[..., j0 : j0 + bk]
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        m_safe = m_new.nan_to_num(neginf=0.0)
-        p = torch.exp(s - m_safe)
-        alpha = torch.exp(m - m_safe)
-        l = (l * alpha if rescale_l else l) + p.sum(-1, keepdim=True)  # noqa: E741
-        acc = (acc * alpha if rescale_acc else acc) + p @ v[..., j0 : j0 + bk, :]
-        m = m_new
-    with torch.no_grad():
-        out = torch.where(l > 0, acc / l, 0.0)
-        lse = (m.nan_to_num(neginf=0.0) + torch.log(l)).squeeze(-1)
-    return out, lse, m.squeeze(-1), l.squeeze(-1)
-
-
-def _forward_candidates(case: dict[str, Any]) -> list[Candidate]:
-    q, k, v = case["args"]
-    causal, bq, bk = _kw(case)
-    found: list[Candidate] = []
-    for acc, l_ in ((False, True), (False, False), (True, False)):
-        out, lse, _, _ = _tiled(q, k, v, causal, bq, bk, acc, l_)
-        found += [("out", out, RESCALE_HINT), ("lse", lse, RESCALE_HINT)]
-    out, lse, m, l = _tiled(q, k, v, causal, bq, bk)  # noqa: E741
-    scale = math.sqrt(q.shape[-1])
-    unscaled, unscaled_lse, _, _ = _tiled(q * scale, k, v, causal, bq, bk)
-    found += [
-        ("lse", lse * LOG2E, LSE_BASE2_HINT),
-        ("lse", torch.log(l), LSE_NO_MAX_HINT),
-        ("lse", m, LSE_MAX_HINT),
-        ("lse", unscaled_lse, LSE_UNSCALED_HINT),
-        ("out", out * l.unsqueeze(-1), NORMALIZE_HINT),
-        ("out", unscaled, "Scale the scores by 1 / sqrt(D), D = q.shape[-1]."),
-    ]
-    if causal and q.shape[-2] != k.shape[-2]:
-        top, top_lse, _, _ = _tiled(q, k, v, causal, bq, bk, align="top_left")
-        found += [("out", top, ALIGN_HINT), ("lse", top_lse, ALIGN_HINT)]
-    if k.shape[-2] % bk:
-        cut, cut_lse, _, _ = _tiled(q, k, v, causal, bq, bk, last_block=False)
-        found += [("out", cut, PARTIAL_HINT), ("lse", cut_lse, PARTIAL_HINT)]
-    return found
+    out, lse, _ = _refs.attention(q, k, v, None, m.options(case)[0], m.ALIGN)
+    return [("out", out, q.dtype), ("lse", lse, m.lse_dtype(q.dtype))]
 
 
 def _forward_explain(case: dict[str, Any], got: Tensor, want: Tensor) -> str:
     if bool(got.isnan().any()):
-        return EMPTY_HINT
+        return m.EMPTY_HINT
     return ""
 
 
@@ -195,7 +69,7 @@ def _forward_test(
         noun="your flash_forward",
         cases=cases,
         expect=_expect_forward,
-        candidates=_forward_candidates,
+        candidates=m.forward_candidates,
         explain=_forward_explain,
         forbidden=FORBIDDEN,
     )
@@ -210,12 +84,12 @@ def _backward_case(
     from .. import _refs
 
     q, k, v = (t.to(dtype) for t in _qkv(seed, L, S))
-    out, lse, _ = _refs.attention(q, k, v, None, causal, ALIGN)
+    out, lse, _ = _refs.attention(q, k, v, None, causal, m.ALIGN)
     grad = c.randn(c.generator(seed + 1), 2, L, 4).to(dtype)
     case = _case(q, k, v)
     note = ", is_causal=True" if causal else ""
     case["where"] += f"{note}, their out and lse, and a random grad_output"
-    case["args"] = [q, k, v, out.to(dtype), lse.to(_lse_dtype(dtype)), grad]
+    case["args"] = [q, k, v, out.to(dtype), lse.to(m.lse_dtype(dtype)), grad]
     case["kwargs"] = {"is_causal": True} if causal else {}
     return case
 
@@ -224,25 +98,8 @@ def _expect_backward(case: dict[str, Any]) -> list[tuple[str, Tensor, torch.dtyp
     from .. import _refs
 
     q, k, v, _, _, grad = case["args"]
-    found = _refs.attention_grads(q, k, v, grad, None, _kw(case)[0], ALIGN)
+    found = _refs.attention_grads(q, k, v, grad, None, m.options(case)[0], m.ALIGN)
     return [(n, t, q.dtype) for n, t in zip(("dq", "dk", "dv"), found)]
-
-
-def _backward_candidates(case: dict[str, Any]) -> list[Candidate]:
-    from .. import _refs
-
-    q, k, v, _, _, grad = case["args"]
-    out, _, p = _refs.attention(q, k, v, None, _kw(case)[0], ALIGN)
-    v64, g64 = v.to(F64), grad.to(F64)
-    no_rowsum = _refs.grads_from(q, k, p, _refs.ds_of(p, out, v64, g64, False), g64)
-    unscaled = _refs.grads_from(q, k, p, _refs.ds_of(p, out, v64, g64), g64, False)
-    hint = "The scores are q k^T / sqrt(D): dq and dk carry the factor 1 / sqrt(D)."
-    return [
-        ("dq", no_rowsum[0], ROWSUM_HINT),
-        ("dk", no_rowsum[1], ROWSUM_HINT),
-        ("dq", unscaled[0], hint),
-        ("dk", unscaled[1], hint),
-    ]
 
 
 def _backward_test(
@@ -257,9 +114,9 @@ def _backward_test(
         noun="your flash_backward",
         cases=cases,
         expect=_expect_backward,
-        candidates=_backward_candidates,
+        candidates=m.backward_candidates,
         explain=lambda case, got, want: (
-            BACKWARD_NAN_HINT if bool(got.isnan().any()) else ""
+            m.BACKWARD_NAN_HINT if bool(got.isnan().any()) else ""
         ),
         forbidden=FORBIDDEN,
     )
@@ -337,7 +194,7 @@ def _memory_judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None
         outputs["results"][0],
         _expect_forward(case),
         noun="your flash_forward",
-        candidates=lambda: _forward_candidates(case),
+        candidates=lambda: m.forward_candidates(case),
     )
     if message:
         return message
@@ -385,7 +242,13 @@ def _saves_judge(inputs: dict[str, Any], outputs: dict[str, Any]) -> str | None:
     case = inputs["cases"][0]
     noun = "FlashAttention.apply"
     expected = _expect_forward(case)
-    message = b.judge_call(case, outputs["results"][0], expected[0][1], noun=noun)
+    message = b.judge_call(
+        case,
+        outputs["results"][0],
+        expected[0][1],
+        noun=noun,
+        candidates=lambda: m.apply_candidates(case),
+    )
     if message:
         return message
     where = case["where"]
@@ -454,14 +317,14 @@ def _autograd_expect(case: dict[str, Any]) -> Tensor:
     from .. import _refs
 
     q, k, v, causal = case["args"]
-    return _refs.attention(q, k, v, None, causal, ALIGN)[0]
+    return _refs.attention(q, k, v, None, causal, m.ALIGN)[0]
 
 
 def _autograd_grads(case: dict[str, Any]) -> list[Tensor]:
     from .. import _refs
 
     q, k, v, causal = case["args"]
-    return list(_refs.attention_grads(q, k, v, case["grad"], None, causal, ALIGN))
+    return list(_refs.attention_grads(q, k, v, case["grad"], None, causal, m.ALIGN))
 
 
 TESTS: tuple[TestCase, ...] = (
@@ -584,6 +447,7 @@ TESTS: tuple[TestCase, ...] = (
         expect=_autograd_expect,
         grads=_autograd_grads,
         forbidden=FORBIDDEN,
+        candidates=m.apply_candidates,
     ),
 )
 
