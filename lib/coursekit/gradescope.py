@@ -13,7 +13,9 @@
   ``$AUTOGRADER_ROOT/results/results.json``, even when something goes wrong;
 * ``softmaxbook-<version>-py3-none-any.whl``: the packages as installed here
   (``softmaxbook``, ``bookkit``, ``coursekit`` with its assignments), so the
-  autograder grades with exactly the code the instructor tested.
+  autograder grades with exactly the code the instructor tested; the reference
+  solutions are left out (grading never reads them, and a submission runs in that
+  image and could read any file there).
 
 ``python -m coursekit.gradescope run --assignment ID --root DIR`` is what
 ``run_autograder`` calls; it can be run anywhere to check a zip outside Gradescope.
@@ -60,6 +62,11 @@ def _requirements() -> list[str]:
     return list(found or ["torch>=2.5", "numpy>=1.24", "matplotlib>=3.7"])
 
 
+def _is_solution(name: str) -> bool:
+    parts = name.split("/")
+    return parts[:2] == ["coursekit", "assignments"] and parts[-1] == "solution.py"
+
+
 def _package_files(package: str) -> list[tuple[str, bytes]]:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -84,13 +91,15 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest.decode()},{len(data)}"
 
 
-def build_wheel(out_dir: str | Path) -> Path:
+def build_wheel(out_dir: str | Path, *, solutions: bool = True) -> Path:
     """A pure-Python wheel of the installed ``softmaxbook`` distribution.
 
     Built from the package folders as Python imports them (a working tree or an
     installed copy), with the installed distribution's name, version and
     requirements, so ``pip install`` of it gives back the same code without
-    network access to this project. Returns the wheel's path.
+    network access to this project. With ``solutions=False`` the assignments'
+    reference solutions (``coursekit/assignments/*/solution.py``, which grading
+    never reads) are left out. Returns the wheel's path.
     """
     version = _version()
     dist_info = f"softmaxbook-{version}.dist-info"
@@ -113,7 +122,12 @@ def build_wheel(out_dir: str | Path) -> Path:
     wheel = "Wheel-Version: 1.0\nGenerator: coursekit\nRoot-Is-Purelib: true\n"
     wheel += "Tag: py3-none-any\n"
     entry_points = "[console_scripts]\nsoftmaxbook-course = coursekit.cli:main\n"
-    files = [f for package in PACKAGES for f in _package_files(package)]
+    files = [
+        (name, data)
+        for package in PACKAGES
+        for name, data in _package_files(package)
+        if solutions or not _is_solution(name)
+    ]
     files += [
         (f"{dist_info}/METADATA", metadata.encode()),
         (f"{dist_info}/WHEEL", wheel.encode()),
@@ -233,7 +247,8 @@ def build_autograder(
     import tempfile
 
     with tempfile.TemporaryDirectory() as scratch:
-        wheel = build_wheel(scratch)
+        # No reference solution in the image: student code there can read files.
+        wheel = build_wheel(scratch, solutions=False)
         scripts = {
             "setup.sh": SETUP_SH.format(torch=_torch_requirement(), wheel=wheel.name),
             "run_autograder": RUN_AUTOGRADER.format(

@@ -51,6 +51,11 @@ def test_setup_installs_cpu_torch_then_this_package_from_the_zip(autograder):
     assert cpu_torch in setup and torch_pin in setup
     assert setup.index(cpu_torch) < setup.index(wheel)  # torch first: not CUDA's
     assert (autograder / "source" / wheel).is_file()
+    with zipfile.ZipFile(autograder / "source" / wheel) as archive:
+        names = archive.namelist()
+    assert "coursekit/assignments/softmax/tests.py" in names
+    assert "coursekit/assignments/softmax/spec.md" in names
+    assert not [n for n in names if n.endswith("/solution.py")]  # not in the image
     assert "git+" not in setup and "github" not in setup  # nothing from the repo
 
 
