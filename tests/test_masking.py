@@ -408,3 +408,29 @@ def test_minus_1e9_is_not_representable_in_float16():
 def test_mask_fill_value_errors(bad):
     with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype"):
         sb.mask_fill_value(bad)
+
+
+def test_an_all_minus_inf_row_what_each_function_gives():
+    # additive_mask's docstring: such a row is nan in torch.softmax and sb.softmax,
+    # zeros in masked_softmax and in the library's attention, on both of its paths.
+    bias = sb.additive_mask(torch.zeros(3, 3, dtype=torch.bool))  # nothing allowed
+    scores = torch.randn(3, 3) + bias
+    assert torch.isnan(torch.softmax(scores, -1)).all()
+    assert torch.isnan(sb.softmax(scores)).all()
+    assert (sb.masked_softmax(scores, None) == 0).all()
+    q = torch.randn(1, 1, 3, 4)
+    for explicit in (False, True):
+        out = sb.scaled_dot_product_attention(
+            q, q, q, attn_mask=bias, explicit=explicit
+        )
+        assert (out == 0).all()
+
+
+def test_minus_inf_exists_in_the_dtypes_masked_softmax_states():
+    # "representable in float16, bfloat16, float32 and float64": not in float8 e4m3fn.
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        assert torch.isneginf(torch.tensor(float("-inf"), dtype=dtype))
+        p = sb.masked_softmax(torch.zeros(2, 3, dtype=dtype), torch.eye(2, 3).bool())
+        assert p.dtype == dtype and torch.equal(p.float(), torch.eye(2, 3))
+    e4m3 = torch.tensor(float("-inf")).to(torch.float8_e4m3fn).float()
+    assert not torch.isinf(e4m3)

@@ -172,8 +172,9 @@ def masked_softmax(scores: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor
     .. math:: p_i = \frac{m_i\, e^{x_i}}{\sum_j m_j\, e^{x_j}}, \qquad
               p = 0 \ \text{if}\ \textstyle\sum_j m_j = 0
 
-    Masked entries are set to ``-inf`` (representable in every float dtype,
-    unlike ``-1e9`` in float16), so no fill value has to be chosen. A row with
+    Masked entries are set to ``-inf`` (representable in float16, bfloat16,
+    float32 and float64, the dtypes torch computes a softmax in, unlike
+    ``-1e9`` in float16), so no fill value has to be chosen. A row with
     nothing left to attend to is replaced by zeros *before* the softmax and
     its output zeroed *after*, so neither the forward nor the backward pass
     ever computes ``-inf - (-inf)``: the weights are 0 and the gradient is 0,
@@ -272,8 +273,11 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     :math:`-\infty`.
 
     Adding the result to the scores before a softmax masks them; this is the
-    float ``attn_mask`` form that torch also accepts. A row that is all
-    ``-inf`` still needs :func:`~softmaxbook.masking.masked_softmax` to give zeros.
+    float ``attn_mask`` form that torch and
+    :func:`~softmaxbook.scaled_dot_product_attention` also accept. A row
+    that is all ``-inf`` gives ``nan`` in ``torch.softmax`` (and
+    :func:`~softmaxbook.softmax`); :func:`~softmaxbook.masking.masked_softmax`
+    and the library's attention give it zeros.
 
     Shapes: same as ``mask``; dtype ``dtype``, device of ``mask``.
 
