@@ -248,8 +248,9 @@ def fit_temperature(
     which is non-decreasing. So the minimizer is found by bisection on the
     sign of that derivative, in :math:`\log \beta`, inside ``bounds``: no
     learning rate, no initial guess, the same answer on every run, to
-    relative precision ``tol``. Guo et al. use L-BFGS on :math:`T`; the
-    minimizer is the same. Computed in float64.
+    relative precision ``tol``. Guo et al.'s reference code
+    (``temperature_scaling.py`` of gpleiss/temperature_scaling) uses L-BFGS
+    on :math:`T`; the minimizer is the same. Computed in float64.
 
     If the optimum lies outside ``bounds`` the nearer bound is returned:
     e.g. perfectly separated training logits push :math:`T \to 0`, which is
