@@ -164,6 +164,15 @@ def _function_bodies(tree: ast.AST) -> Iterator[tuple[str, str]]:
             yield node.name, ast.dump(ast.Module(body=body, type_ignores=[]))
 
 
+@pytest.mark.parametrize("aid", FUNCTIONS)
+def test_the_sources_run_after_any_other_cell(aid: str) -> None:
+    # A notebook's cells are joined into one module: a __future__ import after
+    # a student's first cell would be a SyntaxError.
+    a = get_assignment(aid)
+    for source in (a.reference_source(), a.stub_source()):
+        namespace("import torch\n\n" + source)
+
+
 def test_no_reference_solution_copies_a_library_function() -> None:
     library = {
         dump

@@ -1,7 +1,5 @@
 """The `attention` assignment: masked softmax and scaled dot-product attention."""
 
-from __future__ import annotations
-
 import math
 
 import torch

@@ -1,7 +1,5 @@
 """The `flash-attention` assignment: the tiled forward and backward passes."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -1,7 +1,5 @@
 """The `gradients` assignment: the backward pass of softmax and attention, by hand."""
 
-from __future__ import annotations
-
 import math
 
 import torch

@@ -1,7 +1,5 @@
 """The `softmax` assignment: softmax, log-softmax and cross-entropy in torch."""
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 

@@ -1,7 +1,5 @@
 """The `sparse-maps` assignment: sparsemax and 1.5-entmax, exactly, by sorting."""
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 
