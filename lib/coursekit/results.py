@@ -184,7 +184,7 @@ class GradeResult:
 
     def table(self, width: int = 100) -> str:
         """A plain-text table: one row per test, its status, points and message."""
-        name_width = max([4, *(len(t.name) for t in self.tests)])
+        name_width = max([4, *(len(t.name) + 2 for t in self.tests)])
         header = f"{'test':<{name_width}}  {'status':<9}  {'points':>11}  message"
         rows = [header, "-" * min(width, len(header) + 20)]
         indent = name_width + 2 + 9 + 2 + 11 + 2
@@ -193,15 +193,15 @@ class GradeResult:
             points = f"{_num(t.score)} / {_num(t.max_score)}"
             message = " ".join(t.output.split()) if t.output else ""
             wrapped = textwrap.wrap(message, room) or [""]
-            hidden = " (hidden)" if t.visibility == "hidden" and not wrapped[0] else ""
-            rows.append(
-                f"{t.name:<{name_width}}  {t.status:<9}  {points:>11}  "
-                f"{wrapped[0]}{hidden}"
-            )
+            name = t.name + (" *" if t.visibility == "hidden" else "")
+            row = f"{name:<{name_width}}  {t.status:<9}  {points:>11}  {wrapped[0]}"
+            rows.append(row.rstrip())
             rows.extend(" " * indent + more for more in wrapped[1:6])
             if len(wrapped) > 6:
                 rows.append(" " * indent + "...")
         rows.append("-" * min(width, len(header) + 20))
+        if any(t.visibility == "hidden" for t in self.tests):
+            rows.append("* hidden test: students see it after the due date")
         rows.append(self.summary())
         return "\n".join(rows)
 

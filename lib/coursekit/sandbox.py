@@ -263,11 +263,12 @@ class _Grading:
         except Died:
             why = process.how_it_ended()
             tail = process.output.since(mark)
+            where = f" (in `{process.stack[-1]}`)" if process.stack else ""
             self._drop()
             return self.result(
                 test,
                 "error",
-                f"Your code {why}." + _tail(tail),
+                f"Your code{where} {why}." + _tail(tail),
                 time.monotonic() - start,
             )
         except Exception as error:  # a reply that is not plain data

@@ -217,6 +217,7 @@ def test_hostile_submission_costs_only_the_tests_it_touches(write_py, tmp_path):
     assert tests["hang_again"].seconds == 0  # not called: no second wait
     assert "segmentation fault (SIGSEGV)" in out["crash_segfault"]
     assert 'File "hostile.py", line 17 in crash' in out["crash_segfault"]
+    assert "Your code (in `crash`) crashed" in out["crash_segfault"]
     assert "exit code 3" in out["leave_os_exit"]
     assert len(out["leave_os_exit"]) < 2500  # 8 MB of output, shown bounded
     assert "sys.exit(2)" in out["exit_call_sys_exit"]
