@@ -1,8 +1,9 @@
 r"""Online (streaming) softmax: the normalizer in one pass over the data.
 
 Milakov & Gimelshein (2018) observed that the maximum and the sum of
-exponentials of a row can be accumulated together, block by block, if the
-running sum is rescaled whenever the running maximum grows. This is the idea
+exponentials of a row can be accumulated together in one pass (element by
+element in their paper, block by block here), if the running sum is rescaled
+whenever the running maximum grows. This is the idea
 that lets FlashAttention (:mod:`softmaxbook.flash`) compute attention without
 ever holding a whole row of scores; :func:`merge_attention_states` is the same
 merge for two partial attention results.
