@@ -327,6 +327,13 @@ def _preload() -> None:
     import torch
     import torch.nn.functional
 
+    # What torch imports lazily on first use, which a fresh child would otherwise
+    # import again (a second): backward(gradient) imports sympy through this.
+    try:
+        import torch.fx.experimental.symbolic_shapes
+    except ImportError:
+        pass
+
     from . import forbidden  # noqa: F401
 
     torch.set_num_threads(1)

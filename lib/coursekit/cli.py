@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import sys
 import textwrap
@@ -125,6 +126,9 @@ def cmd_student(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
+    from ._process import prestart
+
+    prestart()  # the student processes' torch loads while this one loads its own
     from .sandbox import grade
 
     assignment = _assignment(args.id)
@@ -219,6 +223,16 @@ def _limits(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    """This package's version, without importing torch (``--help`` stays quick)."""
+    try:
+        return importlib.metadata.version("softmaxbook")
+    except importlib.metadata.PackageNotFoundError:
+        from softmaxbook import __version__
+
+        return str(__version__)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``softmaxbook-course``."""
     formatter = argparse.RawDescriptionHelpFormatter
@@ -228,10 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=LIMITS,
         formatter_class=formatter,
     )
-    from softmaxbook import __version__
-
     parser.add_argument(
-        "--version", action="version", version=f"softmaxbook {__version__}"
+        "--version", action="version", version=f"softmaxbook {_version()}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

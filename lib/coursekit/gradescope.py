@@ -356,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--memory-mb", type=int, default=4096)
     run.add_argument("--total-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
+    from ._process import prestart
+
+    prestart()  # the student processes' torch loads while this one loads its own
     from softmaxbook import __version__
 
     print(f"softmaxbook {__version__}, coursekit from {Path(__file__).parent}")
