@@ -49,7 +49,11 @@ class TimedOut(Exception):
 
 
 class Died(Exception):
-    """The process ended, or replied with something that is not a frame."""
+    """The process ended, or replied with something that is not a frame (the
+    reason, in words, is then the exception's message)."""
+
+
+_GARBLED = "wrote something other than a reply on the grader's channel"
 
 
 def _environment() -> dict[str, str]:
@@ -276,8 +280,10 @@ class Process:
 
     def frame(self, deadline: float) -> tuple[bytes, bytes]:
         tag, length = HEADER.unpack(self._read_exact(HEADER.size, deadline))
-        if tag not in (b"DATA", b"CHNK", b"ENTR") or length > MAX_FRAME:
-            raise Died  # the reply pipe carries something else: treat as a crash
+        if tag not in (b"DATA", b"CHNK", b"ENTR"):
+            raise Died(_GARBLED)
+        if length > MAX_FRAME:
+            raise Died(f"sent back more than {MAX_FRAME >> 20} MiB")
         return tag, self._read_exact(length, deadline)
 
     def data(self, deadline: float, chunk: list[int] | None = None) -> dict[str, Any]:
@@ -287,13 +293,15 @@ class Process:
         while True:
             tag, payload = self.frame(deadline)
             if tag == b"CHNK" and chunk is not None:
+                if not payload.isdigit():
+                    raise Died(_GARBLED)
                 chunk.append(int(payload))
             elif tag == b"ENTR":
                 self.stack = payload.decode("utf-8", "replace").split("\n")
             elif tag == b"DATA":
                 message = torch.load(io.BytesIO(payload), weights_only=True)
                 if not isinstance(message, dict):
-                    raise Died
+                    raise Died(_GARBLED)
                 return message
 
     def _wait(self, wait: float) -> int | None:

@@ -128,14 +128,22 @@ class _Grading:
         deadline = min(time.monotonic() + self.import_timeout, self.deadline)
         try:
             loaded = process.data(deadline, started)
-        except (Died, TimedOut) as error:
-            timed_out = isinstance(error, TimedOut)
-            why = (
-                f"did not finish within {self.import_timeout:g} s (an endless loop "
-                "at module level?)"
-                if timed_out
-                else process.how_it_ended()
-            )
+            errors = [
+                (int(e["index"]), str(e["error"]), str(e["traceback"]))
+                for e in loaded["errors"]
+            ]
+            defined = {str(name) for name in loaded["defined"]}
+            tracked = {str(name) for name in loaded["tracked"]}
+        except Exception as error:  # it died, timed out, or sent back garbage
+            if isinstance(error, TimedOut):
+                why = (
+                    f"did not finish within {self.import_timeout:g} s (an endless "
+                    "loop at module level?)"
+                )
+            elif isinstance(error, Died):
+                why = str(error) or process.how_it_ended()
+            else:
+                why = "sent back a reply the grader could not read"
             tail = process.output.since(mark)
             self._drop()
             where = self._chunk_label(started[-1] if started else None)
@@ -145,11 +153,9 @@ class _Grading:
                 self.skip.add(started[-1])
                 self.notes.append(f"Running {where} {why}; it was skipped.")
             return
-        for problem in loaded["errors"]:
-            where = self._chunk_label(int(problem["index"]))
-            text = f"{problem['error']}" + (
-                f"\n{problem['traceback']}" if problem["traceback"] else ""
-            )
+        for index, message, traceback in errors:
+            where = self._chunk_label(index)
+            text = message + (f"\n{traceback}" if traceback else "")
             if self.submission.all_or_nothing:
                 self.load_error = f"Your code did not import: {text}"
             else:
@@ -158,13 +164,13 @@ class _Grading:
                     "(the cells after it still ran)."
                 )
         self.notes = list(dict.fromkeys(self.notes))
-        self.defined = set(loaded["defined"])
-        self.tracked = set(loaded["tracked"])
+        self.defined = defined
+        self.tracked = tracked
         if self.load_error:
             self._drop()
 
     def _chunk_label(self, index: int | None) -> str:
-        if index is None or not self.submission.chunks:
+        if index is None or not 0 <= index < len(self.submission.chunks):
             return "your code"
         chunk = self.submission.chunks[index]
         if self.submission.all_or_nothing:
@@ -260,8 +266,8 @@ class _Grading:
                 + " not called again.",
                 time.monotonic() - start,
             )
-        except Died:
-            why = process.how_it_ended()
+        except Died as error:
+            why = str(error) or process.how_it_ended()
             tail = process.output.since(mark)
             where = f" (in `{process.stack[-1]}`)" if process.stack else ""
             self._drop()
@@ -295,7 +301,8 @@ class _Grading:
     def _judge(
         self, test: TestCase, inputs: dict[str, Any], reply: dict[str, Any]
     ) -> TestResult:
-        seconds = float(reply.get("seconds", 0.0))
+        seconds = reply.get("seconds")
+        seconds = float(seconds) if isinstance(seconds, int | float) else 0.0
         printed = str(reply.get("printed", ""))
         shown = f"\n\nYour code printed:\n{printed}" if printed.strip() else ""
         if reply.get("forbidden"):

@@ -230,6 +230,30 @@ def test_hostile_submission_costs_only_the_tests_it_touches(write_py, tmp_path):
     check_results_json(result, tmp_path)
 
 
+def test_a_submission_that_scribbles_on_the_grader_channel_only_fails(write_py):
+    source = (
+        CORRECT
+        + """
+import os
+
+def exit_call(x):
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2:
+            try:
+                os.write(fd, b"FAKE" + b"\\xff" * 64)
+            except OSError:
+                pass
+    return x
+"""
+    )
+    result = grade_toy(write_py("scribbler.py", source))
+    tests = by_name(result)
+    assert tests["exit_call_sys_exit"].status == "error"
+    assert "other than a reply" in tests["exit_call_sys_exit"].output
+    assert tests["add_one_last"].status == "passed"
+    assert result.score == TOY.max_score() - 1
+
+
 @pytest.mark.parametrize(
     ("case", "source", "words"),
     [
