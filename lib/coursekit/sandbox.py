@@ -21,14 +21,16 @@ What student code can do to its process costs only the tests it touches:
   torch's "can't allocate memory"), which fails the test, not the grader;
 * an import error, a syntax error or ``sys.exit`` at import fails every test of a
   ``.py`` file (with the error in words); in a notebook it costs only the cell;
-* the whole run stops starting tests after ``total_timeout`` seconds; the tests left
-  are reported as skipped.
+* the whole run stops starting tests ``total_timeout`` seconds after the first
+  student process is ready (starting Python and torch is not the student's time);
+  the tests left are reported as skipped.
 
 Whatever happens, :func:`grade` returns a :class:`~coursekit.results.GradeResult`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,8 +65,9 @@ class _Grading:
         self.timeout = timeout
         self.import_timeout = import_timeout
         self.memory_mb = memory_mb
-        self.start = time.monotonic()
-        self.deadline = self.start + total_timeout
+        # The total limit counts from when the first student process is ready:
+        # starting Python and torch is not the student's time.
+        self.deadline = math.inf
         self.total_timeout = total_timeout
         self.extra_paths = extra_paths
         self.process: Process | None = None
@@ -74,6 +77,8 @@ class _Grading:
         self.defined: set[str] = set()
         self.tracked: set[str] = set()
         self.timed_out: dict[str, str] = {}  # function -> the test it timed out in
+        self.loaded = False  # the submission was imported once (defined is known)
+        self.out_of_time = False
         self.block = sorted(
             {p for t in assignment.tests for g in t.forbidden for p in _packages_of(g)}
         )
@@ -88,15 +93,13 @@ class _Grading:
     def ensure_loaded(self) -> bool:
         """A live process with the submission imported; False when that failed."""
         while self.process is None and self.load_error is None:
-            if time.monotonic() > self.deadline:
-                self.load_error = "The grading run reached its total time limit."
+            if time.monotonic() > self.deadline - 0.5:
+                self.out_of_time = True
                 return False
             process = Process(self.extra_paths)
             self.process = process
             try:
-                ready = process.data(
-                    min(time.monotonic() + START_TIMEOUT, self.deadline)
-                )
+                ready = process.data(time.monotonic() + START_TIMEOUT)
                 if ready.get("kind") != "ready":
                     raise Died
             except (Died, TimedOut):
@@ -107,6 +110,8 @@ class _Grading:
                     f"fault; tell your instructor): {tail or 'no output'}"
                 )
                 return False
+            if self.deadline == math.inf:
+                self.deadline = time.monotonic() + self.total_timeout
             self._load(process)
         return self.process is not None
 
@@ -125,7 +130,9 @@ class _Grading:
         )
         started: list[int] = []
         mark = process.output.mark()
-        deadline = min(time.monotonic() + self.import_timeout, self.deadline)
+        deadline = time.monotonic() + self.import_timeout
+        capped = deadline > self.deadline  # the total limit comes first
+        deadline = min(deadline, self.deadline)
         try:
             loaded = process.data(deadline, started)
             errors = [
@@ -135,6 +142,10 @@ class _Grading:
             defined = {str(name) for name in loaded["defined"]}
             tracked = {str(name) for name in loaded["tracked"]}
         except Exception as error:  # it died, timed out, or sent back garbage
+            if isinstance(error, TimedOut) and capped:
+                self._drop()
+                self.out_of_time = True
+                return
             if isinstance(error, TimedOut):
                 why = (
                     f"did not finish within {self.import_timeout:g} s (an endless "
@@ -166,6 +177,7 @@ class _Grading:
         self.notes = list(dict.fromkeys(self.notes))
         self.defined = defined
         self.tracked = tracked
+        self.loaded = True
         if self.load_error:
             self._drop()
 
@@ -194,12 +206,12 @@ class _Grading:
         )
 
     def run_test(self, test: TestCase) -> TestResult:
-        if self.load_error is None:
+        if self.load_error is None and not self.out_of_time:
             self.ensure_loaded()
         if self.load_error is not None:
             return self.result(test, "error", self.load_error)
         missing = [f for f in test.functions if f not in self.defined]
-        if missing:
+        if missing and self.loaded:
             names = ", ".join(f"`{f}`" for f in missing)
             notes = "\n".join(self.notes)
             return self.result(
@@ -219,7 +231,7 @@ class _Grading:
                 "called again.",
             )
         left = self.deadline - time.monotonic()
-        if left < 0.5:
+        if self.out_of_time or left < 0.5:
             return self.result(
                 test,
                 "skipped",
@@ -380,7 +392,8 @@ def grade(
     memory_mb
         MiB the student's process may map beyond what torch maps at import.
     total_timeout
-        Seconds for the whole run; tests not started by then are skipped.
+        Seconds for the whole run, from when the first student process is ready;
+        tests not started by then are skipped.
     import_timeout
         Seconds the submission's module-level code may run (default
         ``max(3 * timeout, 10)``).

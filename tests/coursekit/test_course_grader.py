@@ -230,6 +230,28 @@ def test_hostile_submission_costs_only_the_tests_it_touches(write_py, tmp_path):
     check_results_json(result, tmp_path)
 
 
+def test_the_whole_run_stops_at_its_total_time_limit(write_py, tmp_path):
+    source = (
+        CORRECT
+        + """
+def hang(x):
+    while True:
+        pass
+
+crash = leave = exit_call = hog = lie = hang
+"""
+    )
+    result = grade_toy(write_py("slow.py", source), timeout=1.5, total_timeout=4.0)
+    status = [t.status for t in result.tests]
+    assert status[:2] == ["passed", "passed"]
+    assert "timeout" in status and status[-1] == "skipped"
+    skipped = by_name(result)["add_one_last"]
+    assert "total limit of 4 s" in skipped.output
+    # The clock starts when the first student process is ready (torch imported).
+    assert sum(t.seconds for t in result.tests) < 4.0 + 0.5
+    check_results_json(result, tmp_path)
+
+
 def test_a_submission_that_scribbles_on_the_grader_channel_only_fails(write_py):
     source = (
         CORRECT
