@@ -56,6 +56,11 @@ class CheckResult:
 class CheckReport:
     """The outcome of a checker: truthy when every check passed.
 
+    A grade is :attr:`score` out of :attr:`max_score`. A stub that raises
+    ``NotImplementedError`` scores 0, each passed check adds its points, and a
+    correct function scores :attr:`max_score`. Counting the problems is no
+    grade, since a stub reports fewer problems than most wrong functions.
+
     Attributes
     ----------
     checker : str
@@ -74,11 +79,6 @@ class CheckReport:
         function a checker is given (with the same options, on the same
         machine): when the first input fails, the other checks still run for
         the score, although only the first problem is reported.
-
-    A grade is :attr:`score` out of :attr:`max_score`: a stub that raises
-    ``NotImplementedError`` scores 0, each passed check adds its points, and a
-    correct function scores :attr:`max_score`. (Counting the problems is no
-    grade: a stub reports fewer problems than most wrong functions.)
 
     Examples
     --------
@@ -117,8 +117,7 @@ class CheckReport:
 
     @property
     def score(self) -> float:
-        """The points of the passed checks: 0 for a stub, :attr:`max_score` when all
-        pass."""
+        """The sum of the passed checks' points (0 for a stub; all pass: max_score)."""
         return sum(r.score for r in self.results)
 
     @property
