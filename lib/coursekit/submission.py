@@ -151,14 +151,23 @@ def is_check_cell(source: str) -> bool:
     )
 
 
+#: Cell magics whose body is Python run in the notebook's namespace.
+_PYTHON_CELL_MAGICS = ("time", "timeit", "capture", "prun")
+
+
 def strip_ipython(source: str) -> str:
-    """``source`` without IPython-only lines; a ``%%`` cell magic drops the cell.
+    """``source`` without IPython-only lines.
 
     Each dropped line becomes ``pass`` at its indentation, so line numbers (and an
-    ``if`` body made only of a magic) stay valid.
+    ``if`` body made only of a magic) stay valid. A cell magic that runs Python
+    (``%%time``, ``%%timeit``, ``%%capture``, ``%%prun``) loses its first line
+    only; any other (``%%bash``, ``%%writefile``, ...) drops the cell.
     """
-    if source.lstrip().startswith("%%"):
-        return ""
+    head = source.lstrip()
+    if head.startswith("%%"):
+        magic = head[2:].split(maxsplit=1)[0] if head[2:].strip() else ""
+        if magic not in _PYTHON_CELL_MAGICS:
+            return ""
     out = []
     for line in source.splitlines():
         stripped = line.lstrip()

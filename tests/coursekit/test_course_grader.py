@@ -336,7 +336,9 @@ def test_a_notebook_runs_cell_by_cell(write_ipynb, tmp_path):
         "def softmax_rows(x)\n    return x",  # a syntax error: this cell only
         "from coursekit import incheck\nincheck.run_test('toy', 'x', globals())",
         "import os\nos._exit(5)",  # ends the process: the cell is skipped
-        "def hang(x):\n    return x\ncrash = leave = exit_call = hog = lie = hang",
+        "%%time\ndef hang(x):\n    return x\n",
+        "crash = leave = exit_call = hog = lie = hang",
+        "%%bash\nexit 1",  # shell cells are never run
     ]
     result = grade_toy(write_ipynb("work.ipynb", cells))
     tests = by_name(result)
