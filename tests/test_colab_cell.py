@@ -186,12 +186,6 @@ def _page_id(path):
     return str(path.relative_to(ROOT / "chapters"))
 
 
-# Enabled by applying the script to the chapters (`python tools/colab_cell.py`): until
-# then this test is expected to fail, and once applied its XPASS fails the run, as a
-# reminder to delete this marker.
-@pytest.mark.xfail(
-    strict=True, reason="enabled once `python tools/colab_cell.py` is applied"
-)
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_chapter_installs_what_it_needs_in_colab(page):
     nb = json.loads(page.read_text())
