@@ -168,8 +168,13 @@ class Worker:
     def load(self, request: dict[str, Any]) -> None:
         """Import the assignment, block forbidden imports, run the student's code."""
         module_name, attribute, argument = request["locator"]
-        found = getattr(importlib.import_module(module_name), attribute)
-        self.assignment = found(argument) if argument is not None else found
+        try:
+            found = getattr(importlib.import_module(module_name), attribute)
+            self.assignment = found(argument) if argument is not None else found
+        except Exception as error:  # the grader's side: say so, and stop
+            message = f"{type(error).__name__}: {error}"
+            self.reply({"kind": "broken", "error": message[:500]})
+            return
         from .forbidden import ImportBlocker
 
         blocked = tuple(request["block"])

@@ -1,8 +1,9 @@
 """The grader: a submission runs in its own process, and only its outputs come back.
 
-:func:`grade` imports the submission in a fresh Python (``python -m
-coursekit._worker``), which imports torch, numpy and the assignment's tests, never
-``softmaxbook``. For each test the grader builds the inputs (``make_inputs``), the
+:func:`grade` imports the submission in a process of its own (on Linux forked from
+a zygote that imported torch once, elsewhere a fresh ``python -m coursekit._worker``;
+see :mod:`coursekit._process`), which has torch, numpy and the assignment's tests,
+never ``softmaxbook``. For each test the grader builds the inputs (``make_inputs``), the
 student's process calls the submission (``run``, under the test's forbidden-call
 guard) and sends back plain data (``torch.save``, read with
 ``torch.load(weights_only=True)``), and the grader judges it (``judge``) against
@@ -96,13 +97,20 @@ class _Grading:
             if time.monotonic() > self.deadline - 0.5:
                 self.out_of_time = True
                 return False
-            process = Process(self.extra_paths)
+            try:
+                process = Process(self.extra_paths)
+            except OSError as error:  # no process could be made (fork, pipes)
+                self.load_error = (
+                    "The grading process could not start (this is not your code's "
+                    f"fault; tell your instructor): {error}"
+                )
+                return False
             self.process = process
             try:
                 ready = process.data(time.monotonic() + START_TIMEOUT)
                 if ready.get("kind") != "ready":
                     raise Died
-            except (Died, TimedOut):
+            except (Died, TimedOut, OSError):
                 tail = process.output.since(0)
                 self._drop()
                 self.load_error = (
@@ -117,24 +125,31 @@ class _Grading:
 
     def _load(self, process: Process) -> None:
         chunks = [(c.source, c.filename) for c in self.submission.chunks]
-        process.send(
-            {
-                "kind": "load",
-                "locator": self.locator,
-                "chunks": chunks,
-                "skip": sorted(self.skip),
-                "block": self.block,
-                "memory_mb": self.memory_mb,
-                "all_or_nothing": self.submission.all_or_nothing,
-            }
-        )
         started: list[int] = []
         mark = process.output.mark()
         deadline = time.monotonic() + self.import_timeout
         capped = deadline > self.deadline  # the total limit comes first
         deadline = min(deadline, self.deadline)
         try:
+            process.send(
+                {
+                    "kind": "load",
+                    "locator": self.locator,
+                    "chunks": chunks,
+                    "skip": sorted(self.skip),
+                    "block": self.block,
+                    "memory_mb": self.memory_mb,
+                    "all_or_nothing": self.submission.all_or_nothing,
+                }
+            )
             loaded = process.data(deadline, started)
+            if loaded.get("kind") == "broken":
+                self._drop()
+                self.load_error = (
+                    "The grader could not load the assignment's tests (not your "
+                    f"code's fault; tell your instructor): {loaded.get('error')}"
+                )
+                return
             errors = [
                 (int(e["index"]), str(e["error"]), str(e["traceback"]))
                 for e in loaded["errors"]
