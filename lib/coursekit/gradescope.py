@@ -187,7 +187,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet "{torch}" \\
     --index-url https://download.pytorch.org/whl/cpu
 # This package at the version the zip was built with, from the wheel beside this
-# script (its other requirements, numpy and matplotlib, come from PyPI).
+# script (its other requirements, such as numpy, come from PyPI).
 "$VENV/bin/python" -m pip install --quiet "$SOURCE/{wheel}"
 "$VENV/bin/python" -c "import coursekit, softmaxbook, torch; \\
 print('softmaxbook', softmaxbook.__version__, 'torch', torch.__version__)"
