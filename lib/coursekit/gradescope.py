@@ -59,7 +59,7 @@ def _requirements() -> list[str]:
         found = importlib.metadata.requires("softmaxbook")
     except importlib.metadata.PackageNotFoundError:
         found = None
-    return list(found or ["torch>=2.5", "numpy>=1.24", "matplotlib>=3.7"])
+    return list(found or ["torch>=2.5", "numpy>=1.24"])
 
 
 def _is_solution(name: str) -> bool:
