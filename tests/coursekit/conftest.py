@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-
 
 @pytest.fixture
 def write_py(tmp_path: Path) -> Callable[[str, str], Path]:
