@@ -188,6 +188,17 @@ def test_correct_toy_submission_gets_full_marks(write_py, tmp_path):
     assert hidden["add_one_first"] == "visible"
 
 
+def test_without_the_zygote_each_process_is_a_fresh_python(write_py, monkeypatch):
+    # What runs where fork is not used (macOS, Windows, COURSEKIT_SPAWN=1).
+    monkeypatch.setenv("COURSEKIT_SPAWN", "1")
+    source = CORRECT + "\nimport os\ndef leave(x):\n    os._exit(6)\n"
+    result = grade_toy(write_py("spawned.py", source))
+    tests = by_name(result)
+    assert "exit code 6" in tests["leave_os_exit"].output
+    assert tests["add_one_last"].status == "passed"  # a new Python after the exit
+    assert result.score == TOY.max_score() - 1
+
+
 def test_hostile_submission_costs_only_the_tests_it_touches(write_py, tmp_path):
     start = time.monotonic()
     result = grade_toy(write_py("hostile.py", HOSTILE), memory_mb=1024)
