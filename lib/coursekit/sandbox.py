@@ -62,6 +62,7 @@ class _Grading:
     ) -> None:
         self.assignment = assignment
         self.submission = submission
+        self.files = [c.filename for c in submission.chunks]
         self.locator = locator
         self.timeout = timeout
         self.import_timeout = import_timeout
@@ -174,7 +175,7 @@ class _Grading:
             self._drop()
             where = self._chunk_label(started[-1] if started else None)
             if self.submission.all_or_nothing or not started:
-                self.load_error = f"Importing {where} {why}." + _tail(tail)
+                self.load_error = f"Importing {where} {why}." + _tail(tail, self.files)
             else:
                 self.skip.add(started[-1])
                 self.notes.append(f"Running {where} {why}; it was skipped.")
@@ -301,7 +302,7 @@ class _Grading:
             return self.result(
                 test,
                 "error",
-                f"Your code{where} {why}." + _tail(tail),
+                f"Your code{where} {why}." + _tail(tail, self.files),
                 time.monotonic() - start,
             )
         except Exception as error:  # a reply that is not plain data
@@ -379,8 +380,25 @@ def _packages_of(group: str) -> tuple[str, ...]:
     return found.packages if found is not None else ()
 
 
-def _tail(text: str) -> str:
-    return f"\nIts last output:\n{text}" if text else ""
+def _tail(text: str, files: Sequence[str] = ()) -> str:
+    """A dead process's last output, its crash report cut to the student's frames.
+
+    Python's fault handler prints every frame (the grader's too, with their paths)
+    and the extension modules loaded; a student needs the lines of their own code.
+    """
+    kept = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith('File "'):
+            if not any(stripped.startswith(f'File "{f}"') for f in files):
+                continue
+        elif stripped.startswith(
+            ("Extension modules:", "Current thread ", "Thread 0x")
+        ):
+            continue
+        kept.append(line)
+    shown = "\n".join(kept).strip()
+    return f"\nIts last output:\n{shown}" if shown else ""
 
 
 def grade(
