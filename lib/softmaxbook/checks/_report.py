@@ -117,7 +117,8 @@ class CheckReport:
 
     @property
     def score(self) -> float:
-        """The sum of the passed checks' points (0 for a stub; all pass: max_score)."""
+        """The sum of the points of the passed checks (0 for a stub)."""
+        # No colon in that line: napoleon would read what precedes one as a type.
         return sum(r.score for r in self.results)
 
     @property
