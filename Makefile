@@ -55,9 +55,10 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix $(LINTED)
 
 ## test: lint, mypy, the doctests, unit tests, strict nbval on every chapter, the book build
-# and the browser check
+# and the browser check. Two pytest workers (the machine's two cores), the website built
+# beside them; a notebook's cells stay together on one worker (--dist loadfile).
 test: $(STAMP) lint typecheck doctest
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 ## test-fast: the library's unit tests only
 test-fast: $(STAMP)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,35 +27,69 @@ def _seed():
 
 
 class _BookBuild:
-    """``jupyter-book build . -W -n --keep-going``, started in the background.
+    """``jupyter-book build . -W -n --keep-going``, started once in the background.
 
     The build is one process on one core; the unit tests and the notebooks run
-    on the other meanwhile, so the website costs the session little extra time.
+    beside it, so the website costs the session little extra time. Under
+    pytest-xdist every worker collects the same tests, and the first to claim
+    the run's build starts it (an exclusively created claim file); the others
+    wait for its exit status, which a shell writes when the build ends, so any
+    worker can read the result whichever one started it.
     """
 
-    def __init__(self) -> None:
-        jupyter_book = Path(sys.executable).with_name("jupyter-book")
-        command = [
-            str(jupyter_book) if jupyter_book.exists() else "jupyter-book",
+    def __init__(self, run_id: str) -> None:
+        BUILD.mkdir(exist_ok=True)
+        stem = BUILD / f".book-build-{run_id}"
+        self.log, self.status = stem.with_suffix(".log"), stem.with_suffix(".rc")
+        self.command = [
+            _jupyter_book(),
             *("build", str(ROOT), "-W", "-n", "--keep-going"),
         ]
+        try:
+            claim = os.open(stem.with_suffix(".claim"), os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            return  # another worker of this run builds
+        os.close(claim)
+        for old in BUILD.glob(".book-build-*"):
+            if not old.name.startswith(stem.name):
+                old.unlink(missing_ok=True)
         shutil.rmtree(BUILD / "html", ignore_errors=True)
         shutil.rmtree(BUILD / ".doctrees", ignore_errors=True)
         env = dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning")
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        # The shell writes the exit status after the build, even when the worker
+        # that started it has finished its own tests and exited.
+        script = (
+            f"{shlex.join(self.command)} > {shlex.quote(str(self.log))} 2>&1; "
+            f"echo $? > {shlex.quote(str(self.status))}.tmp && "
+            f"mv {shlex.quote(str(self.status))}.tmp {shlex.quote(str(self.status))}"
         )
+        subprocess.Popen(["sh", "-c", script], cwd=ROOT, env=env)
 
     def result(self) -> subprocess.CompletedProcess:
-        stdout, stderr = self.process.communicate(timeout=900)
+        deadline = time.monotonic() + 900
+        while not self.status.exists():
+            if time.monotonic() > deadline:
+                pytest.fail("the book build did not finish in 15 minutes")
+            time.sleep(1)
+        log = self.log.read_text() if self.log.exists() else ""
         return subprocess.CompletedProcess(
-            self.process.args, self.process.returncode, stdout, stderr
+            self.command, int(self.status.read_text()), log, ""
         )
+
+
+def _jupyter_book() -> str:
+    local = Path(sys.executable).with_name("jupyter-book")
+    return str(local) if local.exists() else "jupyter-book"
+
+
+def _run_id(config: pytest.Config) -> str:
+    """One id per test run, shared by all of its xdist workers."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return str(workerinput["testrunuid"])
+    if not hasattr(config, "_book_run_id"):
+        config._book_run_id = uuid.uuid4().hex  # type: ignore[attr-defined]
+    return config._book_run_id  # type: ignore[attr-defined]
 
 
 _BUILDS: list[_BookBuild] = []
@@ -72,16 +109,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not session.config.option.collectonly and any(
         _needs_build(item) for item in session.items
     ):
-        _BUILDS.append(_BookBuild())
+        _BUILDS.append(_BookBuild(_run_id(session.config)))
 
 
 @pytest.fixture(scope="session")
-def book_build() -> subprocess.CompletedProcess:
+def book_build(request: pytest.FixtureRequest) -> subprocess.CompletedProcess:
     """The website, built once per session; ``_build/html`` holds it.
 
     Returns the completed build process (``returncode``, ``stdout``, ``stderr``).
     A fresh build every session, so the tests check today's sources.
     """
     if not _BUILDS:  # e.g. a test that asked for the fixture indirectly
-        _BUILDS.append(_BookBuild())
+        _BUILDS.append(_BookBuild(_run_id(request.config)))
     return _BUILDS[0].result()

@@ -101,6 +101,19 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+# The website builds with warnings as errors (in this file, with the other tests of
+# the built site: under xdist a worker that takes it waits for the build).
+@pytest.mark.slow  # a full build: `make test-fast` leaves it out
+def test_book_builds_without_warnings(book_build):
+    output = book_build.stdout + book_build.stderr
+    warnings = [
+        line for line in output.splitlines() if re.search(r"WARNING|ERROR", line)
+    ]
+    assert book_build.returncode == 0, output[-5000:]
+    assert not warnings, "\n".join(warnings)
+    assert (ROOT / "_build" / "html" / "index.html").exists()
+
+
 @pytest.fixture(scope="session")
 def site(book_build):
     """The built site served on a free port of 127.0.0.1; yields its base URL."""
