@@ -81,7 +81,8 @@ test-portable: $(STAMP)
 	    esac; \
 	    echo "== nbval, CPU kernels: $$cap, threads: $$threads"; \
 	    env $$isa OMP_NUM_THREADS=$$threads MKL_NUM_THREADS=$$threads \
-	        $(BIN)/python -m pytest $(if $(NB),$(NB),chapters) -q || failed="$$failed $$config"; \
+	        $(BIN)/python -m pytest -n 2 --dist loadfile $(if $(NB),$(NB),chapters) -q \
+	        || failed="$$failed $$config"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "nbval failed under:$$failed"; exit 1; fi
 
