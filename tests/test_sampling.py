@@ -661,3 +661,17 @@ def test_softmax_can_turn_a_near_tie_into_a_tie():
         text = " ".join(doc.split())
         assert "never changes which entry is largest" not in text
         assert "tie" in text
+
+
+def test_dividing_by_a_temperature_can_turn_a_near_tie_into_a_tie():
+    # fit_temperature's docstring: dividing by T keeps the order in exact arithmetic
+    # only; float32 logits 1.5 and the next float above it, divided by 2.5, become
+    # equal and argmax moves to the first index (it said accuracy is untouched).
+    a = torch.tensor(1.5)
+    z = torch.stack([a, torch.nextafter(a, torch.tensor(2.0))])
+    assert int(z.argmax()) == 1
+    tempered = z / 2.5
+    assert tempered[0] == tempered[1] and int(tempered.argmax()) == 0
+    text = " ".join(sb.fit_temperature.__doc__.split())
+    assert "so accuracy is untouched" not in text
+    assert "1.5" in text and "T = 2.5" in text

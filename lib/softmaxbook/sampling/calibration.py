@@ -234,9 +234,11 @@ def fit_temperature(
     Fits the single parameter of temperature scaling (Guo et al., 2017) on
     held-out data: the temperature that minimizes the negative
     log-likelihood (the cross-entropy) of the labels. Dividing all logits by
-    one positive :math:`T` keeps the order within each row (rounding can at
-    most turn a near-tie into a tie), so accuracy is untouched; only the
-    confidences move.
+    one positive :math:`T` keeps the order within each row, so in exact
+    arithmetic accuracy is untouched; only the confidences move. In floating
+    point the division can turn a near-tie into a tie (float32 logits 1.5 and
+    the next float above it, divided by :math:`T = 2.5`, become equal), and
+    ``argmax`` then returns the first of the tied entries.
 
     With :math:`\beta = 1/T` the loss
     :math:`\frac{1}{n}\sum_i
