@@ -174,6 +174,21 @@ def test_backward_zero_weights_get_zero_gradient():
     assert torch.isfinite(out).all()
 
 
+def test_backward_infinite_upstream_gradient_as_documented():
+    """softmax_backward's docstring: an infinite entry of g makes s . g infinite, the
+    masked entries nan and the others nan or infinite, not the whole row nan; and a
+    finite g whose g_i - s . g overflows gives nan at a masked entry."""
+    inf = float("inf")
+    out = sb.softmax_backward(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([inf, 0, 0]))
+    assert torch.isnan(out[0]) and out[1] == -inf and torch.isnan(out[2])
+    out = sb.softmax_backward(torch.tensor([1.0, 0.0]), torch.tensor([-3e38, 3e38]))
+    assert out[0] == 0 and torch.isnan(out[1])
+    # In float16 the arithmetic runs in float32: float16's largest g cannot overflow.
+    big = torch.tensor([-65504.0, 65504.0], dtype=torch.float16)
+    out = sb.softmax_backward(torch.tensor([1.0, 0.0], dtype=torch.float16), big)
+    assert out.tolist() == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_backward_low_precision(dtype):
     x = torch.randn(4, 64, dtype=torch.float64)

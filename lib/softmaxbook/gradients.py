@@ -105,10 +105,14 @@ def softmax_backward(s: Tensor, grad_output: Tensor, dim: int = -1) -> Tensor:
     scores :math:`x`, :math:`J^\top g = J g`, without forming :math:`J`:
     one dot product and one elementwise update, :math:`O(N)` time and memory.
     Entries with :math:`s_i = 0` (scores of ``-inf``, masked keys) get an
-    exact zero gradient when :math:`g` is finite (an infinite or ``nan``
-    entry of :math:`g` makes the row's :math:`s \cdot g`, and so the whole
-    row, ``nan``). In float16 and bfloat16 the arithmetic is done in
-    float32 and the result rounded once.
+    exact zero gradient when :math:`g_i - s \cdot g` is finite, as it is for a
+    finite :math:`g` short of the format's overflow (in float32, ``g = [-3e38,
+    3e38]`` with ``s = [1, 0]`` overflows to ``inf`` and gives ``nan``). An
+    infinite or ``nan`` entry of :math:`g` makes :math:`s \cdot g` infinite or
+    ``nan``: the row's gradient is then ``nan`` at the masked entries and
+    ``nan`` or infinite elsewhere (``s = [0.5, 0.5, 0]``, ``g = [inf, 0, 0]``
+    gives ``[nan, -inf, nan]``). In float16 and bfloat16 the arithmetic is
+    done in float32 and the result rounded once.
 
     Shapes: ``s`` and ``grad_output`` are ``(..., N)`` along ``dim`` with the
     same shape; the result has that shape too.
@@ -174,7 +178,8 @@ class SoftmaxFunction(torch.autograd.Function):
     The forward pass is ``torch.softmax`` and saves only its output :math:`s`
     (``N`` numbers per row); the backward pass is
     :func:`~softmaxbook.softmax_backward`. Entries of ``-inf`` get weight 0
-    and, for a finite upstream gradient, gradient 0; a row that is entirely
+    and, for a finite upstream gradient (short of overflow, see
+    :func:`~softmaxbook.softmax_backward`), gradient 0; a row that is entirely
     ``-inf`` (nothing to attend to) gives zeros, not ``nan``, in both passes.
     ``nan`` in the input propagates.
 
@@ -223,7 +228,8 @@ def softmax_with_custom_backward(x: Tensor, dim: int = -1) -> Tensor:
     The same values and gradients as ``torch.softmax(x, dim)`` (up to
     rounding), computed by :class:`~softmaxbook.SoftmaxFunction`, so the
     backward pass is code you can read and step through. Scores of ``-inf``
-    get weight 0 and, for a finite upstream gradient, a gradient of exactly 0;
+    get weight 0 and, for a finite upstream gradient (short of overflow, see
+    :func:`~softmaxbook.softmax_backward`), a gradient of exactly 0;
     a row that is entirely ``-inf``
     gives zeros, not ``nan``. Works in every floating dtype; in float16 and
     bfloat16 the backward accumulates in float32.
