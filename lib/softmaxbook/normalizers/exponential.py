@@ -3,9 +3,14 @@ r"""Softmax and log-softmax with a temperature, and logsumexp, in torch.
 These are thin, checked wrappers around torch's fused kernels: the same dtype
 and device as the input, no extra copies, and a clear error for bad input.
 With ``temperature=1`` they cost what ``torch.softmax`` costs, plus the
-argument checks. Half precision goes to torch's kernels as it is: they
-compute in float32 themselves and round once, so an upcast here would only
-add two copies (``upcast=False`` in the policy). Like ``torch.softmax``, a row
+argument checks. Half precision goes to torch's kernels as it is: its
+softmax and logsumexp compute in float32 themselves and round once, so an
+upcast here would only add two copies (``upcast=False`` in the policy). Its
+CPU ``log_softmax`` along the last dimension does not round once in float16
+and bfloat16 (torch 2.13: errors of several units in the last place of the
+result, -0.1011 where -0.1007 is the correctly rounded value), and
+:func:`log_softmax` passes that on; upcast to float32 yourself where it
+matters. Like ``torch.softmax``, a row
 of only ``-inf`` gives ``nan``: :func:`~softmaxbook.masked_softmax` is the
 softmax that gives such a row zeros.
 """
