@@ -95,3 +95,14 @@ def test_the_command_writes_one_checklist_per_file(tmp_path):
     text = (tmp_path / "01_definition.md").read_text()
     assert "| # | where | why | sentence | verdict |" in text
     assert text.count("\n| ") > 20
+
+
+def test_a_markdown_page_is_read_as_prose_and_other_files_are_refused(tmp_path):
+    page = tmp_path / "glossary.md"
+    page.write_text("# Glossary\n\nQK-norm bounds every score by 8.\n\nA term.\n")
+    rows = worklist.worklist(page)
+    assert [(r.where, r.sentence) for r in rows] == [
+        ("paragraph 2", "QK-norm bounds every score by 8.")
+    ]
+    with pytest.raises(ValueError, match=r"expected a \.ipynb, \.md or \.py file"):
+        worklist.worklist(tmp_path / "data.json")

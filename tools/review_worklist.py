@@ -4,8 +4,8 @@ Usage::
 
     python tools/review_worklist.py [--out DIR] [PAGE_OR_MODULE ...]
 
-For each chapter page (``.ipynb``) and each library module (``.py``: the docstrings a
-reader meets on the API page) it writes ``DIR/<name>.md`` (by default
+For each chapter page (``.ipynb`` or ``.md``) and each library module (``.py``: the
+docstrings a reader meets on the API page) it writes ``DIR/<name>.md`` (by default
 ``_build/review/``), a checklist with one row per sentence that makes a checkable
 statement, and the reason it is on the list:
 
@@ -173,9 +173,23 @@ def _docstring_prose(doc: str) -> str:
     )
 
 
+def markdown_rows(path: Path) -> list[Row]:
+    """The worklist of a Markdown page (the preface, the glossary, ...)."""
+    rows = []
+    for number, paragraph in enumerate(re.split(r"\n\s*\n", path.read_text()), 1):
+        for sentence in sentences(paragraph):
+            why = reasons_for(sentence)
+            if why:
+                rows.append(Row(f"paragraph {number}", sentence, why))
+    return rows
+
+
 def worklist(path: Path) -> list[Row]:
-    """The rows for a page (``.ipynb``) or a library module (``.py``)."""
-    return notebook_rows(path) if path.suffix == ".ipynb" else module_rows(path)
+    """The rows for a page (``.ipynb``, ``.md``) or a library module (``.py``)."""
+    readers = {".ipynb": notebook_rows, ".md": markdown_rows, ".py": module_rows}
+    if path.suffix not in readers:
+        raise ValueError(f"{path}: expected a .ipynb, .md or .py file")
+    return readers[path.suffix](path)
 
 
 def render(path: Path, rows: list[Row]) -> str:
