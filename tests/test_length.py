@@ -191,3 +191,12 @@ def test_adaptive_temperature_sharpens_only_entropies_between_the_polynomial_roo
     assert 0.5 < float(entropy(torch.softmax(torch.tensor([3.0, 0, 0, 0]), -1))) < 0.85
     doc = " ".join(sb.adaptive_temperature_softmax.__doc__.split())
     assert "0.85" in doc and "5.94" in doc
+
+
+def test_the_upper_root_lies_between_uniform_rows_of_381_and_382_keys():
+    # The docstring places the polynomial's upper root between log 381 and log 382.
+    roots = np.roots([-0.037, 0.481, -2.3, 4.917, -1.791 - 1.0])
+    upper = max(r.real for r in roots if abs(r.imag) < 1e-12)
+    assert np.log(381) < upper < np.log(382)
+    doc = sb.adaptive_temperature_softmax.__doc__
+    assert "381 and 382 keys" in " ".join(doc.split())

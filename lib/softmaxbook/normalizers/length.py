@@ -217,10 +217,10 @@ def adaptive_temperature_softmax(x: Tensor, dim: int = -1) -> Tensor:
     temperature :math:`1/\beta` is never raised, and rows that are already
     sharp (:math:`H \le 0.5`) are left as they are. The polynomial exceeds 1
     only between its real roots of :math:`\mathrm{poly}(H) = 1`, about
-    :math:`H = 0.85` and :math:`H = 5.94` nats (the entropy of a uniform row
-    of 382 keys), so only rows in that range are sharpened; the others,
-    sharp or spread out, keep :math:`\beta = 1`. The gradient flows
-    through :math:`\beta` too (it is a function of the scores).
+    :math:`H = 0.85` and :math:`H = 5.94` nats (between the entropies of
+    uniform rows of 381 and 382 keys), so only rows in that range are
+    sharpened; the others, sharp or spread out, keep :math:`\beta = 1`. The
+    gradient flows through :math:`\beta` too (it is a function of the scores).
 
     ``-inf`` entries get weight 0; a row of only ``-inf`` gives zeros.
 
