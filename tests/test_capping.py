@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +164,10 @@ def test_soft_cap_reaches_the_cap_in_floating_point_as_documented():
     assert y.tolist() == [50.0, 50.0, -50.0]
     doc = " ".join(sb.soft_cap.__doc__.split())
     assert "Values in :math:`[-c, c]`" in doc
+    # Its summary, the module's list and the glossary give the same closed interval.
+    import softmaxbook.capping as capping
+
+    assert "a smooth clamp to :math:`[-c, c]`" in doc
+    assert "every logit into :math:`[-c, c]`" in " ".join(capping.__doc__.split())
+    glossary = (Path(__file__).parents[1] / "chapters" / "glossary.md").read_text()
+    assert "Squashing logits into $[-c, c]$" in glossary

@@ -5,7 +5,7 @@ logits from growing; when they grow, attention collapses onto one key and
 low-precision arithmetic overflows. Two remedies of current models act on
 the logits themselves:
 
-* :func:`soft_cap` squashes every logit into :math:`(-c, c)` with
+* :func:`soft_cap` squashes every logit into :math:`[-c, c]` with
   :math:`c \tanh(x / c)`, a smooth clamp applied in the forward pass, to
   attention scores (as a ``score_mod``, see :mod:`softmaxbook.flex`) and to
   the final logits. Gemma 2 uses :math:`c = 50` in attention and
@@ -32,7 +32,7 @@ __all__ = ["soft_cap", "max_attention_logits", "qk_clip_"]
 
 def soft_cap(x: Tensor, cap: float) -> Tensor:
     r"""Logit soft-capping: :math:`x \mapsto c \tanh(x / c)`, a smooth clamp to
-    :math:`(-c, c)`.
+    :math:`[-c, c]` (the open interval in exact arithmetic).
 
     Close to the identity for :math:`|x| \ll c` (the slope at 0 is 1), and
     saturating at :math:`\pm c`: the derivative is
