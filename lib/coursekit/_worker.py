@@ -128,6 +128,17 @@ class Worker:
         self.files: set[str] = set()
         self.stack: list[str] = []
         self.sent_stack: tuple[str, ...] = ()
+        self.pid = os.getpid()
+
+    def _leave_if_forked(self) -> None:
+        """End a process the student's code forked, as soon as it is back here.
+
+        A child of ``os.fork()`` that returns (or raises ``SystemExit``) into the
+        worker would otherwise read the next requests and answer them beside its
+        parent, and the grader would pin one test's outputs on another.
+        """
+        if os.getpid() != self.pid:
+            os._exit(0)
 
     # --- frames ---------------------------------------------------------------------
 
@@ -187,6 +198,8 @@ class Worker:
         module = types.ModuleType("submission")
         module.__file__ = request["chunks"][0][1] if request["chunks"] else "submission"
         sys.modules["submission"] = module
+        if not request["all_or_nothing"]:  # a notebook, where display() is built in
+            module.__dict__["display"] = _display
         self.module = module
         errors = []
         printed = _Printed()
@@ -207,6 +220,7 @@ class Worker:
                 if request["all_or_nothing"]:
                     break
             finally:
+                self._leave_if_forked()
                 sys.stdout, sys.stderr = stdout, stderr
         defined = []
         for name in self.assignment.functions:
@@ -254,6 +268,7 @@ class Worker:
         except BaseException as error:  # the student's code, whatever it raised
             raised = _describe(error, self.files)
         finally:
+            self._leave_if_forked()
             sys.stdout, sys.stderr = stdout, stderr
         seconds = time.perf_counter() - start
         message = {
@@ -289,6 +304,12 @@ class Worker:
                 self.run(request)
             else:
                 return
+
+
+def _display(*objects: Any, **options: Any) -> None:
+    """IPython's ``display``, as a notebook's cells call it: printed, as text."""
+    for value in objects:
+        print(repr(value))
 
 
 def _vm_size_mb() -> int | None:

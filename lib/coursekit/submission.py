@@ -24,6 +24,10 @@ __all__ = ["Chunk", "Submission", "SubmissionError", "load_submission"]
 MAX_BYTES = 20_000_000
 
 _MAGIC = re.compile(r"^\s*(%|!)")
+# IPython's help (``softmax?``, ``??softmax``) and a magic's value assigned
+# (``files = !ls``, ``t = %timeit -o f(x)``): only where the line does not compile.
+_HELP = re.compile(r"^(\s*)(\?\??\s*[\w.]+|[\w.]+\s*\?\??)\s*$")
+_MAGIC_VALUE = re.compile(r"^(\s*[\w.]+(\s*,\s*[\w.]+)*\s*=\s*)(%|!)")
 _SKIP_TAG = "coursekit-skip"
 
 
@@ -175,4 +179,33 @@ def strip_ipython(source: str) -> str:
             out.append(line[: len(line) - len(stripped)] + "pass")
         else:
             out.append(line)
+    _rewrite_ipython_lines(out)
     return "\n".join(out) + ("\n" if source.endswith("\n") else "")
+
+
+def _rewrite_ipython_lines(lines: list[str]) -> None:
+    """Rewrite, in place, the lines that stop ``lines`` compiling and are IPython.
+
+    ``name?`` becomes ``pass`` and ``x = !cmd`` / ``x = %magic`` becomes
+    ``x = None``, one line at a time, each only where Python reports its syntax
+    error (a docstring line such as ``Why?`` is never touched).
+    """
+    for _ in range(len(lines)):
+        try:
+            compile("\n".join(lines), "<cell>", "exec")
+            return
+        except SyntaxError as error:
+            index = (error.lineno or 0) - 1
+        except (ValueError, OverflowError):  # null bytes and the like: Python says so
+            return
+        if not 0 <= index < len(lines):
+            return
+        line = lines[index]
+        help_line = _HELP.match(line)
+        value = _MAGIC_VALUE.match(line)
+        if help_line:
+            lines[index] = help_line.group(1) + "pass"
+        elif value:
+            lines[index] = value.group(1) + "None"
+        else:
+            return
