@@ -170,6 +170,11 @@ class _Zygote:
         )
         return code
 
+    def sweep(self) -> int:
+        """Kill what the student processes left running outside their group."""
+        killed: int = self._ask({"kind": "sweep"}, (), 10.0)
+        return killed
+
     def alive(self) -> bool:
         return self.popen.poll() is None
 
@@ -205,6 +210,18 @@ def _zygote() -> _Zygote | None:
 def prestart() -> None:
     """Start the zygote now, so it imports torch while the grader imports its own."""
     _zygote()
+
+
+def sweep() -> None:
+    """End the processes student code detached (``setsid`` after a double fork),
+    which killing a student process's group misses; where the zygote is used."""
+    with _ZYGOTE_LOCK:
+        zygote = _ZYGOTE[0] if _ZYGOTE and _ZYGOTE[0].alive() else None
+    if zygote is not None:
+        try:
+            zygote.sweep()
+        except (OSError, TimedOut, Died, EOFError, pickle.PickleError):
+            pass
 
 
 def _close_zygote() -> None:

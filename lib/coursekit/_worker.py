@@ -413,6 +413,69 @@ def _child(sock: Any, fds: list[int], request: dict[str, Any]) -> None:
         os._exit(code)
 
 
+def _become_subreaper() -> None:
+    """Adopt the orphans of the student processes (Linux's child subreaper).
+
+    A student process that forks twice and calls ``setsid`` leaves its own process
+    group, so killing the group misses it; orphaned, it becomes the zygote's child
+    instead of init's, and :func:`_sweep` ends it.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(
+            36, 1, 0, 0, 0
+        )  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _children() -> list[int]:
+    """The pids whose parent is this process (from ``/proc``)."""
+    me, found = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                data = stat.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+def _sweep(forked: set[int]) -> int:
+    """Kill (and reap) every child that is not a student process forked here: the
+    adopted orphans of student code. Returns how many were killed."""
+    import signal
+
+    killed = 0
+    for _ in range(100):
+        strays = [pid for pid in _children() if pid not in forked]
+        if not strays:
+            break
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+        for pid in strays:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+    return killed
+
+
 def zygote(fd: int) -> int:
     """Fork student processes on request, each with torch already imported.
 
@@ -423,8 +486,10 @@ def zygote(fd: int) -> int:
     import socket
 
     sock = socket.socket(fileno=fd)
+    _become_subreaper()
     _preload()
     ended: dict[int, int] = {}
+    forked: set[int] = set()
     while True:
         try:
             request, fds = _receive(sock)
@@ -438,7 +503,10 @@ def zygote(fd: int) -> int:
                 _child(sock, fds, request)
             for child_fd in fds:
                 os.close(child_fd)
+            forked.add(pid)
             _send(sock, pid)
+        elif request["kind"] == "sweep":
+            _send(sock, _sweep(forked))
         elif request["kind"] == "status":
             pid = int(request["pid"])
             deadline = time.monotonic() + float(request["wait"])

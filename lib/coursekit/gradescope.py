@@ -198,6 +198,9 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # or a notebook) on the assignment {assignment!r} and writes
 # $ROOT/results/results.json. AUTOGRADER_ROOT moves the root (default /autograder),
 # for a trial run outside Gradescope; COURSEKIT_PYTHON picks the Python.
+# Everything is in one function, called on the last line: bash reads a script as it
+# runs it, and the student's code (root on Gradescope) could rewrite this file.
+main() {{
 ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
 if [ -n "${{COURSEKIT_PYTHON:-}}" ]; then
     PY="$COURSEKIT_PYTHON"
@@ -217,7 +220,8 @@ if [ ! -s "$ROOT/results/results.json" ]; then
     printf '{{"score": 0, "output": "%s", "tests": []}}\\n' "$why" \\
         > "$ROOT/results/results.json"
 fi
-exit 0
+}}
+main "$@"; exit 0
 """
 
 

@@ -22,6 +22,9 @@ What student code can do to its process costs only the tests it touches:
   torch's "can't allocate memory"), which fails the test, not the grader;
 * an import error, a syntax error or ``sys.exit`` at import fails every test of a
   ``.py`` file (with the error in words); in a notebook it costs only the cell;
+* a process the student's code forks ends when it returns into the grader's
+  loop, and one it detaches (``setsid`` after a double fork) is killed when the
+  grading ends (Linux: the zygote adopts it as a child subreaper);
 * the whole run stops starting tests ``total_timeout`` seconds after the first
   student process is ready (starting Python and torch is not the student's time);
   the tests left are reported as skipped.
@@ -38,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ._model import Assignment, TestCase
-from ._process import START_TIMEOUT, Died, Process, TimedOut
+from ._process import START_TIMEOUT, Died, Process, TimedOut, sweep
 from .results import GradeResult, Status, TestResult
 from .submission import Submission, SubmissionError, load_submission
 
@@ -484,6 +487,7 @@ def grade(
         results = [grading.run_test(t) for t in assignment.tests]
     finally:
         grading.close()
+        sweep()  # what the student's code detached from its process group
     return GradeResult.collect(
         assignment.id,
         results,

@@ -177,6 +177,12 @@ DTYPE_HINT = (
 )
 
 
+FLOAT32_HINT = (
+    "The spec asks for float32 here: accumulate in float32 and return it with "
+    ".to(torch.float32), not in half precision."
+)
+
+
 def error_hint(raised: str) -> str:
     if raised.startswith("NotImplementedError"):
         return NOT_IMPLEMENTED
@@ -270,10 +276,13 @@ def compare(
             hint,
         )
     if not (got.is_floating_point() and got.dtype == dtype):
+        # "Keep the input's dtype" would mislead where float32 is asked of a half
+        # precision result (flash_forward's lse for bfloat16 inputs).
+        narrower = dtype == torch.float32 and got.dtype in (torch.float16, BF16)
         return _join(
             f"With {where}, {whose} has dtype {dtype_name(got.dtype)}; expected "
             f"{dtype_name(dtype)}.",
-            DTYPE_HINT,
+            FLOAT32_HINT if narrower else DTYPE_HINT,
         )
     tol = tol or TOL[dtype]
     if close(got, want, tol, scale):
