@@ -223,3 +223,19 @@ def test_run_autograder_runs_what_it_read_before_the_student_code(tmp_path):
     assert "1000" in script.read_text(encoding="utf-8")  # the rewrite happened
     data = json.loads((root / "results" / "results.json").read_text())
     assert data["score"] == 0
+
+
+def test_the_instructors_page_says_which_list_names_every_test(capsys):
+    # The page said plain `list` prints every test; it prints counts, and
+    # `list --json` names each test with its points and visibility.
+    from coursekit.assignments import get_assignment
+    from coursekit.cli import main
+
+    page = (HERE.parents[1] / "chapters" / "instructors.md").read_text("utf-8")
+    assert "`softmaxbook-course list --json` every test" in page
+    main(["list", "--json"])
+    listed = {a["id"]: a for a in json.loads(capsys.readouterr().out)}
+    for assignment_id, entry in listed.items():
+        names = [t.name for t in get_assignment(assignment_id).tests]
+        assert [t["name"] for t in entry["tests"]] == names
+        assert all(set(t) >= {"points", "visibility"} for t in entry["tests"])
