@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
+from coursekit import _cells as cells_
+
 __all__ = ["Assignment", "TestCase", "Visibility", "make_stub_source"]
 
 Visibility = Literal["visible", "hidden"]
@@ -157,60 +159,32 @@ class Assignment:
         ``coursekit.incheck.run_test(id, name, globals())``, and a last cell prints the
         table of :func:`coursekit.incheck.check_notebook`.
         """
-        cells: list[dict[str, Any]] = [_markdown(self.spec)]
-        cells.append(_code(self.stub_source()))
+        cells: list[dict[str, Any]] = [cells_.markdown(self.spec)]
+        cells.append(cells_.code(self.stub_source()))
         cells.append(
-            _markdown(
+            cells_.markdown(
                 "## Check your work\n\n"
                 "Each cell below runs one of the visible tests on the functions you "
                 "defined above. It prints nothing when the test passes and explains "
                 "what went wrong otherwise. Hidden tests are run when you submit."
             )
         )
-        cells.append(_code("from coursekit import incheck"))
+        cells.append(cells_.code("from coursekit import incheck"))
         for t in self.tests:
             if t.visibility != "visible":
                 continue
             cells.append(
-                _code(
+                cells_.code(
                     f"# {t.name} ({_pts(t.points)}): {t.description}\n"
                     f"incheck.run_test({self.id!r}, {t.name!r}, globals())"
                 )
             )
-        cells.append(_code(f"incheck.check_notebook({self.id!r}, globals())"))
-        for number, cell in enumerate(cells):
-            cell["id"] = f"{self.package}-{number}"  # nbformat 4.5 wants ids
-        return {
-            "cells": cells,
-            "metadata": {
-                "kernelspec": {
-                    "display_name": "Python 3",
-                    "language": "python",
-                    "name": "python3",
-                },
-                "language_info": {"name": "python"},
-            },
-            "nbformat": 4,
-            "nbformat_minor": 5,
-        }
+        cells.append(cells_.code(f"incheck.check_notebook({self.id!r}, globals())"))
+        return cells_.notebook(cells, id_prefix=self.package)
 
 
 def _pts(points: float) -> str:
     return f"{points:g} point" + ("" if points == 1 else "s")
-
-
-def _markdown(text: str) -> dict[str, Any]:
-    return {"cell_type": "markdown", "metadata": {}, "source": text}
-
-
-def _code(text: str) -> dict[str, Any]:
-    return {
-        "cell_type": "code",
-        "execution_count": None,
-        "metadata": {},
-        "outputs": [],
-        "source": text,
-    }
 
 
 def make_stub_source(source: str) -> str:
@@ -224,7 +198,7 @@ def make_stub_source(source: str) -> str:
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     edits: list[tuple[int, int, list[str]]] = []  # (first line, last line, new lines)
-    for node in _functions(tree.body):
+    for node in cells_.functions(tree.body):
         if node in tree.body and node.name.startswith("_"):
             start = min([d.lineno for d in node.decorator_list] + [node.lineno])
             end = node.end_lineno or node.lineno
@@ -258,18 +232,6 @@ def make_stub_source(source: str) -> str:
     return "".join(lines)
 
 
-def _functions(
-    body: list[ast.stmt],
-) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-    found: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
-    for node in body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            found.append(node)
-        elif isinstance(node, ast.ClassDef):
-            found.extend(_functions(node.body))
-    return found
-
-
 def _unparse_stub(tree: ast.Module) -> str:
     tree.body = [
         n
@@ -278,7 +240,7 @@ def _unparse_stub(tree: ast.Module) -> str:
             isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name[0] == "_"
         )
     ]
-    for node in _functions(tree.body):
+    for node in cells_.functions(tree.body):
         first = node.body[0]
         keep = (
             [first]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coursekit import _cells as cells_
 from coursekit._model import Assignment, TestCase
 
 __all__ = [
@@ -57,8 +58,6 @@ SCHEMA_VERSION = 3
 #: Seconds nbgrader gives one cell when it autogrades (its default is 30, too little
 #: for the FlashAttention tests on a busy CPU).
 CELL_TIMEOUT = 600
-
-_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ def body_spans(source: str) -> list[tuple[int, int, int]]:
     tree = ast.parse(source)
     lines = source.splitlines()
     spans: list[tuple[int, int, int]] = []
-    for node in _functions(tree.body):
+    for node in cells_.functions(tree.body):
         body = list(node.body)
         if body[0].lineno == node.lineno:
             raise ValueError(
@@ -302,17 +301,7 @@ def source_notebook(assignment: Assignment) -> dict[str, Any]:
                 points=test.points,
             )
         )
-    for k, cell in enumerate(cells):
-        cell["id"] = f"cell-{k}"  # nbformat 4.5 wants an id per cell
-    return {
-        "cells": cells,
-        "metadata": {
-            "kernelspec": dict(_KERNELSPEC),
-            "language_info": {"name": "python"},
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+    return cells_.notebook(cells, id_prefix="cell")
 
 
 def _test_source(assignment_id: str, test: TestCase) -> str:
@@ -369,16 +358,6 @@ def _config(assignment: Assignment) -> str:
         "# One test may run a few seconds on a busy CPU; nbgrader's default is 30 s.\n"
         f"c.Execute.timeout = {CELL_TIMEOUT}\n"
     )
-
-
-def _functions(body: list[ast.stmt]) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-    found: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
-    for node in body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            found.append(node)
-        elif isinstance(node, ast.ClassDef):
-            found.extend(_functions(node.body))
-    return found
 
 
 def _is_docstring(node: ast.stmt) -> bool:

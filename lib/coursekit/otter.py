@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from coursekit import _cells as cells_
 from coursekit._model import Assignment, TestCase
 from coursekit.nbgrader import Chunk, body_spans, mark_solutions, source_chunks
 
@@ -135,8 +136,8 @@ def master_notebook(
     placement = _test_placement(assignment, chunks, owner)
 
     cells: list[dict[str, Any]] = [
-        _raw(_assignment_config(assignment, requirements)),
-        _markdown(assignment.spec),
+        cells_.raw(_assignment_config(assignment, requirements)),
+        cells_.markdown(assignment.spec),
     ]
     question: int | None = None
     for k, chunk in enumerate(chunks):
@@ -147,32 +148,22 @@ def master_notebook(
         text = chunk.text
         if has_body[k]:
             text = mark_solutions(text, _BEGIN, _END)
-            cells += [_raw("# BEGIN SOLUTION"), _code(text), _raw("# END SOLUTION")]
+            cells += [
+                cells_.raw("# BEGIN SOLUTION"),
+                cells_.code(text),
+                cells_.raw("# END SOLUTION"),
+            ]
         else:
-            cells.append(_code(text))
+            cells.append(cells_.code(text))
         last_of_question = k + 1 == len(chunks) or owner[k + 1] != question
         if question is not None and last_of_question:
             tests = [t for t in assignment.tests if placement[t.name] == question]
             if tests:
-                cells.append(_raw("# BEGIN TESTS"))
-                cells += [_code(_test_source(assignment.id, t)) for t in tests]
-                cells.append(_raw("# END TESTS"))
-            cells.append(_raw("# END QUESTION"))
-    for k, cell in enumerate(cells):
-        cell["id"] = f"cell-{k}"  # nbformat 4.5 wants an id per cell
-    return {
-        "cells": cells,
-        "metadata": {
-            "kernelspec": {
-                "display_name": "Python 3",
-                "language": "python",
-                "name": "python3",
-            },
-            "language_info": {"name": "python"},
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+                cells.append(cells_.raw("# BEGIN TESTS"))
+                cells += [cells_.code(_test_source(assignment.id, t)) for t in tests]
+                cells.append(cells_.raw("# END TESTS"))
+            cells.append(cells_.raw("# END QUESTION"))
+    return cells_.notebook(cells, id_prefix="cell")
 
 
 def _owners(
@@ -278,7 +269,10 @@ def _question_start(assignment: Assignment, head: Chunk) -> list[dict[str, Any]]
     prompt += " (the line `raise NotImplementedError` marks where)."
     if tests:
         prompt += f" Tests that call it are worth {points:g} points in all."
-    return [_raw(f"# BEGIN QUESTION\nname: {json.dumps(head.name)}"), _markdown(prompt)]
+    return [
+        cells_.raw(f"# BEGIN QUESTION\nname: {json.dumps(head.name)}"),
+        cells_.markdown(prompt),
+    ]
 
 
 def _test_source(assignment_id: str, test: TestCase) -> str:
@@ -293,21 +287,3 @@ def _test_source(assignment_id: str, test: TestCase) -> str:
         "from coursekit import incheck\n"
         f"incheck.run_test({assignment_id!r}, {test.name!r}, globals())"
     )
-
-
-def _raw(text: str) -> dict[str, Any]:
-    return {"cell_type": "raw", "metadata": {}, "source": text}
-
-
-def _markdown(text: str) -> dict[str, Any]:
-    return {"cell_type": "markdown", "metadata": {}, "source": text}
-
-
-def _code(text: str) -> dict[str, Any]:
-    return {
-        "cell_type": "code",
-        "execution_count": None,
-        "metadata": {},
-        "outputs": [],
-        "source": text,
-    }
