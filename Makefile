@@ -88,7 +88,7 @@ test-portable: $(STAMP)
 
 ## test-oldest: the unit tests against the oldest torch and numpy that pyproject.toml
 # allows, with the oldest matplotlib of its [book] extra (a separate venv;
-# tests/test_workflows.py checks that these pins are the declared lower bounds).
+# tests/book/test_workflows.py checks that these pins are the declared lower bounds).
 # PyPI's torch wheels for Linux bring CUDA libraries (about 2.5 GB); torch's own pin of Triton is removed, so the kernel tests skip. The
 # tests of the website, the workflows and the student tool need the book's tools, not
 # the library's lower bounds, and are left to `make test`.
@@ -103,9 +103,9 @@ test-oldest:
 	$(OLDEST)/bin/python -m pip uninstall --quiet --yes triton
 	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
 	env -u CI $(OLDEST)/bin/python -m pytest tests -p no:nbval -o addopts="" \
-	    -m "not slow" --ignore=tests/test_book.py --ignore=tests/test_site.py \
-	    --ignore=tests/test_workflows.py --ignore=tests/test_student.py \
-	    --ignore=tests/test_colab_cell.py -p no:cacheprovider
+	    -m "not slow" --ignore=tests/book/test_book.py --ignore=tests/book/test_site.py \
+	    --ignore=tests/book/test_workflows.py --ignore=tests/book/test_student.py \
+	    --ignore=tests/book/test_colab_cell.py -p no:cacheprovider
 
 ## execute: re-run every chapter in place, refreshing its stored outputs
 execute: $(STAMP)
@@ -121,7 +121,7 @@ student: $(STAMP)
 	$(BIN)/python tools/student.py --out _build/student $(if $(NB),$(NB),$(CHAPTERS))
 
 ## experiments: re-run the seed sweeps of chapters 9 and 10 on two cores (minutes each)
-# into lib/softmaxbook/data/; tests/test_experiments.py and test_sink_sweep.py check them.
+# into lib/softmaxbook/data/; tests/bookkit/test_experiments.py and test_sink_sweep.py check them.
 .PHONY: experiments
 experiments: $(STAMP)
 	$(BIN)/python experiments/case_study_sweep.py --workers 2

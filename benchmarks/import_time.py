@@ -4,7 +4,7 @@ A training script that imports the library should pay for what it uses: the
 target is under 0.1 s beyond torch. matplotlib, tqdm and triton are imported
 only when a figure, a progress bar or a kernel is first needed, and
 ``softmaxbook.checks`` (the checkers of students' code) when first used
-(``tests/test_api.py`` checks that none of them is imported).
+(``tests/softmaxbook/test_api.py`` checks that none of them is imported).
 
 Each measurement is a fresh Python process that times ``import torch`` and
 then ``import softmaxbook``, in wall-clock and in CPU time (the CPU time

@@ -3,7 +3,7 @@
 Trains every variant of :mod:`bookkit.studies.case_study` with every seed
 (minutes on two cores, one thread per worker process) and writes the result
 to ``lib/bookkit/data/case_study_sweep.json``, which chapter 9 plots and
-asserts on and ``tests/test_experiments.py`` partly re-checks. Run it after
+asserts on and ``tests/bookkit/test_experiments.py`` partly re-checks. Run it after
 any change to the recipe, the model or the training code::
 
     python experiments/case_study_sweep.py --workers 2

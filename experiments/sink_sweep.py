@@ -3,7 +3,7 @@
 Trains every variant of :mod:`bookkit.studies.sink_study` with every seed
 (minutes on two cores, one thread per worker process) and writes the result
 to ``lib/bookkit/data/sink_sweep.json``, which chapter 10 plots and
-asserts on and ``tests/test_sink_sweep.py`` partly re-checks. Run it after any
+asserts on and ``tests/bookkit/test_sink_sweep.py`` partly re-checks. Run it after any
 change to the task, the recipe, the model or the training code
 (``make experiments`` runs it with chapter 9's sweep)::
 

@@ -5,7 +5,7 @@ Triton reads ``TRITON_INTERPRET`` once, when it is first imported, and
 imports Triton) before the first example runs. Setting it here, before
 collection, lets the kernels' examples run on CPU tensors in Triton's
 interpreter on any machine, as ``kernels.enable_interpreter()`` does in a
-fresh Python. The tests set it the same way (tests/test_kernels.py).
+fresh Python. The tests set it the same way (tests/conftest.py).
 
 Every example starts from the same random state, as every test does
 (tests/conftest.py): the examples print booleans and rounded values, so the

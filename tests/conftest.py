@@ -12,6 +12,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without CUDA the Triton kernels run in Triton's CPU interpreter, which Triton picks
+# when it is first imported: set it here, before any test module (in whatever order
+# the folders are collected) imports softmaxbook.kernels or torch's Triton paths.
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build"

@@ -32,161 +32,161 @@ M = [
         L + "normalizers/_policy.py",
         "    elif upcast and x.dtype in HALF:",
         "    elif False:",
-        ["tests/test_normalizer_contract.py"],
+        ["test_normalizer_contract.py"],
     ),
     (
         "off-by-one in the sparse threshold (support counted from 0)",
         L + "normalizers/sparse.py",
         "    rho = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)  # (k,)",
         "    rho = torch.arange(0, v.shape[-1], dtype=v.dtype, device=v.device)  # (k,)",
-        ["tests/test_alternatives.py"],
+        ["test_alternatives.py"],
     ),
     (
         "drop a term of the sparse maps' gradient",
         L + "normalizers/sparse.py",
         "    return wg - q * weight",
         "    return wg",
-        ["tests/test_alternatives.py"],
+        ["test_alternatives.py"],
     ),
     (
         "skip the max subtraction in the NumPy reference softmax",
         L + "reference.py",
         "    e = np.exp(x - m)",
         "    e = np.exp(x)",
-        ["tests/test_reference.py"],
+        ["test_reference.py"],
     ),
     (
         "temperature multiplies instead of divides",
         L + "normalizers/exponential.py",
         "    return x if temperature == 1.0 else x / temperature",
         "    return x if temperature == 1.0 else x * temperature",
-        ["tests/test_softmax.py"],
+        ["test_softmax.py"],
     ),
     (
         "off-by-one causal mask (a query cannot see itself)",
         L + "masking.py",
         "    return cols <= rows  # (L, S)",
         "    return cols < rows  # (L, S)",
-        ["tests/test_masking.py"],
+        ["test_masking.py"],
     ),
     (
         "flip the mask in masked_softmax",
         L + "masking.py",
         '        scores = scores.masked_fill(~keep, float("-inf"))',
         '        scores = scores.masked_fill(keep, float("-inf"))',
-        ["tests/test_masking.py"],
+        ["test_masking.py"],
     ),
     (
         "empty rows not zeroed after the normalizer",
         L + "_validate.py",
         "    return normalize(scores.masked_fill(empty, 0.0)).masked_fill(empty, 0.0)",
         "    return normalize(scores.masked_fill(empty, 0.0))",
-        ["tests/test_masking.py"],
+        ["test_masking.py"],
     ),
     (
         "mask broadcast check removed",
         L + "_validate.py",
         "    if shape != scores.shape:",
         "    if shape is None:",
-        ["tests/test_checks.py", "tests/test_masking.py"],
+        ["test_checks.py", "test_masking.py"],
     ),
     (
         "wrong attention scale (scores scaled twice)",
         L + "attention.py",
         "    scores = (q @ k.transpose(-2, -1)) * args.scale  # (..., L, S)",
         "    scores = (q @ k.transpose(-2, -1)) * args.scale**2  # (..., L, S)",
-        ["tests/test_attention.py"],
+        ["test_attention.py"],
     ),
     (
         "online softmax forgets to rescale the running sum",
         L + "online.py",
         "        d = d * torch.exp(m - shift) + torch.exp(block - shift).sum(",
         "        d = d + torch.exp(block - shift).sum(",
-        ["tests/test_online.py"],
+        ["test_online.py"],
     ),
     (
         "FlashAttention forward forgets to rescale the output",
         L + "_tiles.py",
         "            o.mul_(alpha).baddbmm_(pt, v[h0:h1, k0:k1])",
         "            o.baddbmm_(pt, v[h0:h1, k0:k1])",
-        ["tests/test_flash.py"],
+        ["test_flash.py"],
     ),
     (
         "drop the s.g term of the softmax VJP",
         L + "gradients.py",
         "    return (s_ * (g_ - dot)).to(out_dtype)",
         "    return (s_ * g_).to(out_dtype)",
-        ["tests/test_gradients.py"],
+        ["test_gradients.py"],
     ),
     (
         "remove the float32 upcast of softmax_backward",
         L + "gradients.py",
         "    work = torch.float32 if out_dtype in _LOW_PRECISION else out_dtype",
         "    work = out_dtype",
-        ["tests/test_gradients.py"],
+        ["test_gradients.py"],
     ),
     (
         "nucleus off by one token (mass counted inclusive)",
         L + "sampling/decoding.py",
         "mass_before = torch.cumsum(probs, dim=-1) - probs",
         "mass_before = torch.cumsum(probs, dim=-1)",
-        ["tests/test_sampling.py"],
+        ["test_sampling.py"],
     ),
     (
         "sample divides before upcasting",
         L + "sampling/decoding.py",
         "    z = logits.to(torch.promote_types(logits.dtype, torch.float32))",
         "    z = logits",
-        ["tests/test_sampling.py"],
+        ["test_sampling.py"],
     ),
     (
         "ECE bins left-closed instead of right-closed",
         L + "sampling/calibration.py",
         "    idx = (torch.ceil(conf * n_bins) - 1).clamp(0, n_bins - 1).long()",
         "    idx = torch.floor(conf * n_bins).clamp(0, n_bins - 1).long()",
-        ["tests/test_sampling.py"],
+        ["test_sampling.py"],
     ),
     (
         "attention distance with the offset's sign flipped",
         L + "analysis.py",
         "    queries = torch.arange(L, device=weights.device, dtype=weights.dtype) + offset",
         "    queries = torch.arange(L, device=weights.device, dtype=weights.dtype) - offset",
-        ["tests/test_analysis.py"],
+        ["test_analysis.py"],
     ),
     (
         "recall targets taken from the wrong pair",
         L + "models/data.py",
         "    query, targets = keys[rows, which], values[rows, which]",
         "    query, targets = keys[rows, which], values[rows, (which + 1) % n_pairs]",
-        ["tests/test_models.py"],
+        ["test_models.py"],
     ),
     (
         "model temperature multiplies the scores",
         L + "models/transformer.py",
         '        self.score_scale = base / check_positive(temperature, "temperature")',
         '        self.score_scale = base * check_positive(temperature, "temperature")',
-        ["tests/test_models.py"],
+        ["test_models.py"],
     ),
     (
         "loss scored at the first position instead of the last",
         B + "studies/training.py",
         "        logits = logits[:, -1]  # (N, V)",
         "        logits = logits[:, 0]  # (N, V)",
-        ["tests/test_training.py"],
+        ["test_training.py"],
     ),
     (
         "dispatch sends gradient-needing softmax calls to the forward-only kernel",
         L + "kernels/dispatch.py",
         '    if needs_grad and op == "softmax":',
         "    if False:",
-        ["tests/test_dispatch.py"],
+        ["test_dispatch.py"],
     ),
     (
         "Triton softmax kernel skips the max subtraction",
         L + "kernels/_triton.py",
         "    x = x - tl.max(x, axis=0)  # the stable shift: every exponent is <= 0",
         "    x = x",
-        ["tests/test_kernels.py"],
+        ["test_kernels.py"],
     ),
     (
         "Triton FlashAttention kernel's causal mask off by one",
@@ -195,106 +195,135 @@ M = [
         "            keep = keep & (cols[None, :] <= last[:, None])",
         "        keep = cols[None, :] < S\n        if IS_CAUSAL:\n"
         "            keep = keep & (cols[None, :] < last[:, None])",
-        ["tests/test_kernels.py"],
+        ["test_kernels.py"],
     ),
     (
         "get_device prefers MPS over CUDA",
         L + "device.py",
         '    if torch.cuda.is_available():\n        return torch.device("cuda")\n    if _mps_available():\n        return torch.device("mps")',
         '    if _mps_available():\n        return torch.device("mps")\n    if torch.cuda.is_available():\n        return torch.device("cuda")',
-        ["tests/test_device.py"],
+        ["test_device.py"],
     ),
     (
         "glue rounds to decimals instead of significant digits",
         B + "notebook.py",
         '    return float(f"{value:.{digits}g}")',
         '    return float(f"{value:.{digits}f}")',
-        ["tests/test_notebook.py"],
+        ["test_notebook.py"],
     ),
     (
         "heatmap drawn transposed",
         B + "plotting.py",
         "        m, cmap=cmap, vmin=vmin, vmax=vmax,",
         "        m.T, cmap=cmap, vmin=vmin, vmax=vmax,",
-        ["tests/test_plotting.py"],
+        ["test_plotting.py"],
     ),
     (
         "FlashAttention backward drops delta = rowsum(dO o O) from dS",
         L + "_tiles.py",
         "ds = dp.sub_(delta[h0:h1, r0:r1, None]).mul_(pt)",
         "ds = dp.mul_(pt)",
-        ["tests/test_flash.py"],
+        ["test_flash.py"],
     ),
     (
         "FlashAttention's lazy loop never rescales a tile whose weights overflow",
         L + "_tiles.py",
         "        if not float(total.max()) <= TILE_SUM_LIMIT:  # rare: a large rise, or nan",
         "        if False:",
-        ["tests/test_tiles.py"],
+        ["test_tiles.py"],
     ),
     (
         "sparse maps: rows with too many candidates are not sorted in full",
         L + "normalizers/sparse.py",
         "    rows = (full | (t < bound).squeeze(-1)).nonzero().squeeze(-1)",
         "    rows = (t < bound).squeeze(-1).nonzero().squeeze(-1)",
-        ["tests/test_alternatives.py"],
+        ["test_alternatives.py"],
     ),
     (
         "attention's fused path trusts a non-finite output (a masked nan leaks)",
         L + "attention.py",
         "        if _finite(out):\n            return out",
         "        return out",
-        ["tests/test_attention.py"],
+        ["test_attention.py"],
     ),
     (
         "sink softmax leaves the shift out of the sink's exponential",
         L + "normalizers/sinks.py",
         "total = torch.exp(sink - m) + e.sum(dim, keepdim=True)",
         "total = torch.exp(sink) + e.sum(dim, keepdim=True)",
-        ["tests/test_sinks.py"],
+        ["test_sinks.py"],
     ),
     (
         "sink softmax shifts by the scores' maximum only (a large sink overflows)",
         L + "normalizers/sinks.py",
         "m = torch.maximum(x.amax(dim, keepdim=True), sink).detach()",
         "m = x.amax(dim, keepdim=True).detach()",
-        ["tests/test_sinks.py"],
+        ["test_sinks.py"],
     ),
     (
         "softpick's numerator not rectified (negative weights)",
         L + "normalizers/sinks.py",
         "numerator = torch.relu(shifted)",
         "numerator = shifted",
-        ["tests/test_sinks.py"],
+        ["test_sinks.py"],
     ),
     (
         "the attention resolver ignores a float (additive) mask",
         L + "_attention_args.py",
         "                scores = scores + self.mask",
         "                scores = scores",
-        ["tests/test_attention_vocabulary.py"],
+        ["test_attention_vocabulary.py"],
     ),
     (
         "the attention resolver reads is_causal='bottom_right' as top-left",
         L + "_attention_args.py",
         '    if causal == "bottom_right" and L == S:',
         '    if causal == "bottom_right":',
-        ["tests/test_attention_vocabulary.py"],
+        ["test_attention_vocabulary.py"],
     ),
 ]
 
 
+def locate(path: str, old: str) -> Path | None:
+    """The file that holds ``old`` once: ``path`` if it still does, else the one
+    file of the same package (lib/softmaxbook or lib/bookkit) that does, so a
+    mutant survives a module moving or splitting."""
+    file = ROOT / path
+    if file.exists() and file.read_text().count(old) == 1:
+        return file
+    package = ROOT / "/".join(path.split("/")[:2])
+    hits = [f for f in package.rglob("*.py") if f.read_text().count(old) == 1]
+    return hits[0] if len(hits) == 1 else None
+
+
+def test_files(names: list[str]) -> list[str]:
+    """Test files named by their basename (unique under tests/), wherever they live."""
+    found = []
+    for name in names:
+        paths = sorted((ROOT / "tests").rglob(name))
+        if len(paths) != 1:
+            raise SystemExit(
+                f"{name}: expected one file under tests/, found {len(paths)}"
+            )
+        found.append(str(paths[0].relative_to(ROOT)))
+    return found
+
+
 def main(only: list[str]) -> int:
     survived = 0
-    for number, (what, path, old, new, tests) in enumerate(M, 1):
+    for number, (what, path, old, new, names) in enumerate(M, 1):
         if only and str(number) not in only:
             continue
-        file = ROOT / path
-        source = file.read_text()
-        if source.count(old) != 1:
-            print(f"#{number} {what}: the original text is not in {path} once")
+        tests = test_files(names)
+        file = locate(path, old)
+        if file is None:
+            print(
+                f"#{number} {what}: the original text is not in one file of {path}'s package"
+            )
             survived += 1
             continue
+        path = str(file.relative_to(ROOT))
+        source = file.read_text()
         line = source[: source.index(old)].count("\n") + 1
         file.write_text(source.replace(old, new))
         try:

@@ -19,7 +19,7 @@ A *seed* ``s`` initializes the model with ``s`` and draws the minibatches
 with ``s + 1``; the data (training and held-out sequences) are the same in
 every run. Seed 1 is the run that the chapter trains and shows.
 
-The chapter, the script and ``tests/test_experiments.py`` import this module,
+The chapter, the script and ``tests/bookkit/test_experiments.py`` import this module,
 so the recipe, the diagnostics and the runs have one definition. Each run is
 repeatable bit for bit on one machine (one thread, deterministic kernels);
 another CPU gives results that differ from about the third digit on.

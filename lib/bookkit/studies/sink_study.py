@@ -23,7 +23,7 @@ an installed ``bookkit`` too::
 
 A *seed* ``s`` initializes the model with ``s`` and draws the minibatches with
 ``s + 1``; the data are the same in every run. The chapter, the script and
-``tests/test_sink_sweep.py`` import this module, so the task, the recipe and
+``tests/bookkit/test_sink_sweep.py`` import this module, so the task, the recipe and
 the measurements have one definition. A run is repeatable bit for bit on one
 machine (one thread); another CPU gives results that differ from about the
 third digit on, which the chapter's claims leave room for.

@@ -303,7 +303,7 @@ def test_every_public_name_is_marked_stable_or_experimental():
 
 
 def test_the_api_page_has_the_groups_and_the_version():
-    page = (Path(__file__).resolve().parents[1] / "chapters" / "api.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "chapters" / "api.md").read_text()
     headings = re.findall(r"^## (.+)$", page, flags=re.M)
     assert headings == list(sb.API_GROUPS), "api.md's sections are not API_GROUPS"
     for group, modules in sb.API_GROUPS.items():
@@ -317,5 +317,5 @@ def test_the_api_page_has_the_groups_and_the_version():
 
 def test_the_version_is_in_the_changelog():
     assert sb.__version__ == "0.2.1"
-    changelog = (Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text()
+    changelog = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
     assert f"## [{sb.__version__}]" in changelog

@@ -28,7 +28,7 @@ from bookkit.claims import (
     page_claims,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Every page of the book that is a notebook: chapters/NN_name.ipynb and the deep-dive
 # pages in chapters/NN_name/.
 NOTEBOOKS = sorted(

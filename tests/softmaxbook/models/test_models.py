@@ -1,5 +1,5 @@
 """softmaxbook.models: the recall task and the tiny transformer (its training loop is
-bookkit's: tests/test_training.py)."""
+bookkit's: tests/bookkit/test_training.py)."""
 
 from __future__ import annotations
 

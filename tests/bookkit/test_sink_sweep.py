@@ -34,7 +34,7 @@ import torch
 import bookkit as bk
 from bookkit.studies import sink_study as ss
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -169,5 +169,5 @@ def test_soft_cap_reaches_the_cap_in_floating_point_as_documented():
 
     assert "a smooth clamp to :math:`[-c, c]`" in doc
     assert "every logit into :math:`[-c, c]`" in " ".join(capping.__doc__.split())
-    glossary = (Path(__file__).parents[1] / "chapters" / "glossary.md").read_text()
+    glossary = (Path(__file__).parents[3] / "chapters" / "glossary.md").read_text()
     assert "Squashing logits into $[-c, c]$" in glossary

@@ -71,7 +71,7 @@ def test_sdpa_gqa_bad_input():
 @pytest.mark.parametrize("L,S", [(3, 5), (5, 3), (4, 4), (1, 7)])
 def test_aligned_masks_match_torchs_causal_biases(L, S):
     # Imported here: torch.nn.attention.bias imports Triton, which must not happen
-    # before tests/test_kernels.py chooses Triton's interpreter at collection.
+    # before tests/conftest.py chooses Triton's interpreter at collection.
     pytest.importorskip("torch.nn.attention.bias", reason="torch >= 2.3")
     from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
