@@ -12,7 +12,6 @@ any change to the recipe, the model or the training code::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -21,16 +20,8 @@ from pathlib import Path
 import torch
 
 from bookkit.studies import case_study as cs
+from bookkit.studies.sweep import dumps
 from bookkit.timing import machine_info
-
-
-def _dumps(record: dict) -> str:
-    # One line per run keeps the file short and its diffs readable.
-    head = [
-        f" {json.dumps(k)}: {json.dumps(v)}" for k, v in record.items() if k != "runs"
-    ]
-    runs = ",\n".join("  " + json.dumps(r) for r in record["runs"])
-    return "{\n" + ",\n".join(head) + ',\n "runs": [\n' + runs + "\n ]\n}\n"
 
 
 def main(argv=None) -> None:
@@ -78,7 +69,7 @@ def main(argv=None) -> None:
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(_dumps(record))
+    args.out.write_text(dumps(record))
     print(f"wrote {len(runs)} runs to {args.out}", file=sys.stderr)
 
 

@@ -13,7 +13,6 @@ change to the task, the recipe, the model or the training code
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -22,13 +21,7 @@ from pathlib import Path
 import torch
 
 from bookkit.studies import sink_study as ss
-
-
-def _dumps(record: dict) -> str:
-    # One line per run, so that a diff of the file shows which runs changed.
-    header = json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1)
-    lines = ",\n".join("  " + json.dumps(run) for run in record["runs"])
-    return header[:-2] + ',\n "runs": [\n' + lines + "\n ]\n}\n"
+from bookkit.studies.sweep import dumps
 
 
 def main(argv=None) -> int:
@@ -73,7 +66,7 @@ def main(argv=None) -> int:
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(_dumps(record))
+    args.out.write_text(dumps(record))
     print(f"wrote {len(runs)} runs to {args.out}", file=sys.stderr)
     return 0
 

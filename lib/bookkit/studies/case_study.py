@@ -28,9 +28,7 @@ another CPU gives results that differ from about the third digit on.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,7 @@ from softmaxbook import (
     make_associative_recall,
 )
 
+from . import sweep as _sweep
 from . import training
 from .training import TrainingHistory, evaluate
 
@@ -170,12 +169,11 @@ def first_step_above(history: TrainingHistory, level: float = SOLVED) -> int | N
 
 
 def _round(x: float) -> float:
-    return float(f"{x:.{DIGITS}g}")
+    return _sweep.round_to(x, DIGITS)
 
 
 def _rounded(t: torch.Tensor) -> list[Any] | float:
-    """A tensor as (nested lists of) rounded floats."""
-    return [_rounded(x) for x in t] if t.dim() else _round(t.item())
+    return _sweep.rounded(t, DIGITS)
 
 
 def _maps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -243,8 +241,7 @@ _DATA: Data | None = None  # each worker process makes the data once
 
 def _init_worker() -> None:
     global _DATA
-    torch.set_num_threads(1)  # one thread: a fixed order of float sums
-    torch.use_deterministic_algorithms(True)
+    _sweep.one_thread(deterministic=True)
     _DATA = make_data()
 
 
@@ -259,19 +256,9 @@ def sweep(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Every ``(variant, seed)`` run on ``workers`` processes, in order."""
-    jobs = [(v, s) for v in variants for s in seeds]
-    # Spawned workers start from a fresh interpreter: no threads from fork.
-    with ProcessPoolExecutor(
-        workers, mp_context=get_context("spawn"), initializer=_init_worker
-    ) as pool:
-        futures = {pool.submit(_run_in_worker, v, s): (v, s) for v, s in jobs}
-        done: Iterable[Future[dict[str, Any]]] = as_completed(futures)
-        if progress:
-            from tqdm import tqdm
-
-            done = tqdm(done, total=len(jobs), desc="runs", ncols=80)
-        results = {futures[f]: f.result() for f in done}
-    return [results[job] for job in jobs]
+    return _sweep.run_sweep(
+        _run_in_worker, _init_worker, variants, seeds, workers, progress
+    )
 
 
 def load(path: Path = DATA_FILE) -> dict[str, Any]:

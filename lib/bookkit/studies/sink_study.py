@@ -32,9 +32,7 @@ third digit on, which the chapter's claims leave room for.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,6 +46,7 @@ from softmaxbook import (
     scaled_dot_product_attention,
 )
 
+from . import sweep as _sweep
 from . import training
 from .training import TrainingHistory
 
@@ -133,11 +132,11 @@ def fit(
 
 
 def _round(x: float) -> float:
-    return float(f"{x:.{DIGITS}g}")
+    return _sweep.round_to(x, DIGITS)
 
 
 def _rounded(t: torch.Tensor) -> list[Any] | float:
-    return [_rounded(x) for x in t] if t.dim() else _round(t.item())
+    return _sweep.rounded(t, DIGITS)
 
 
 def _forward(
@@ -267,7 +266,7 @@ _DATA: dict[bool, tuple[Pair, Pair]] = {}  # by bos: each worker makes both once
 
 
 def _init_worker() -> None:
-    torch.set_num_threads(1)  # one thread: a fixed order of float sums
+    _sweep.one_thread()
     _DATA.update({bos: make_data(bos) for bos in (True, False)})
 
 
@@ -282,19 +281,9 @@ def sweep(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Every ``(variant, seed)`` run on ``workers`` processes, in order."""
-    jobs = [(v, s) for v in variants for s in seeds]
-    # Spawned workers start from a fresh interpreter: no threads from fork.
-    with ProcessPoolExecutor(
-        workers, mp_context=get_context("spawn"), initializer=_init_worker
-    ) as pool:
-        futures = {pool.submit(_run_in_worker, v, s): (v, s) for v, s in jobs}
-        done: Iterable[Future[dict[str, Any]]] = as_completed(futures)
-        if progress:
-            from tqdm import tqdm
-
-            done = tqdm(done, total=len(jobs), desc="runs", ncols=80)
-        results = {futures[f]: f.result() for f in done}
-    return [results[job] for job in jobs]
+    return _sweep.run_sweep(
+        _run_in_worker, _init_worker, variants, seeds, workers, progress
+    )
 
 
 def load(path: Path = DATA_FILE) -> dict[str, Any]:
