@@ -63,3 +63,53 @@ def test_shape_errors():
         bk.plot_distribution(torch.zeros(2, 2))
     with pytest.raises(ValueError, match="two-dimensional"):
         bk.plot_heatmap(torch.zeros(3))
+
+
+def test_use_style_makes_phone_legible_deterministic_svg():
+    """Every font size the style sets is at least MIN_FONT_PT, text is drawn as
+    paths with mathtext, and two SVG renders of one figure are the same bytes."""
+    import io
+
+    from matplotlib.font_manager import FontProperties
+
+    bk.use_style()
+    rc = matplotlib.rcParams
+    assert rc["svg.fonttype"] == "path" and rc["svg.hashsalt"]
+    assert rc["mathtext.fontset"] != "custom"
+    keys = [k for k in rc if k.endswith(("size", "labelsize", "fontsize"))]
+    keys = [k for k in keys if "font" in k or "label" in k or "title" in k]
+    sizes = {k: FontProperties(size=rc[k]).get_size_in_points() for k in keys}
+    assert min(sizes.values()) >= bk.plotting.MIN_FONT_PT, sizes
+    # 12.5 pt in a 6.4-inch (460.8 pt) figure shown 350 CSS px wide is >= 9 px
+    assert bk.plotting.MIN_FONT_PT * 350 / 460.8 >= 9
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, -2], label=r"$\sqrt{d_k}$")
+    ax.legend()
+    svgs = []
+    for _ in range(2):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", metadata=bk.plotting._SVG_METADATA)
+        svgs.append(buf.getvalue())
+    assert svgs[0] == svgs[1]
+    assert b"<dc:date>" not in svgs[0] and b"<text" not in svgs[0]
+
+
+def test_use_style_switches_a_notebook_kernel_to_svg(monkeypatch):
+    """Under an IPython shell, use_style selects the inline backend's SVG output."""
+    import sys
+
+    pytest.importorskip("matplotlib_inline")
+    calls = []
+    import matplotlib_inline.backend_inline as inline
+
+    monkeypatch.setattr(
+        inline, "set_matplotlib_formats", lambda *f, **k: calls.append((f, k))
+    )
+    ipython = pytest.importorskip("IPython")
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setattr(ipython, "get_ipython", lambda: object())
+    bk.use_style()
+    assert calls == [(("svg",), {"metadata": {"Date": None}})]
+    monkeypatch.setattr(ipython, "get_ipython", lambda: None)
+    bk.use_style()  # a plain Python process: nothing selected
+    assert len(calls) == 1
