@@ -19,7 +19,7 @@ minor version) or experimental (may still change in a minor version).
 import importlib as _importlib
 import typing as _typing
 
-from . import kernels, normalizers, reference
+from . import _api, kernels, normalizers, reference
 
 # isort: split
 # Softmax and the normalizers: every map from scores to weights, one registry.
@@ -47,7 +47,12 @@ from .normalizers import (
 
 # isort: split
 # Masks and attention patterns: which keys a query may see.
-from .flex import BlockSparsity, block_mask_from_mod, flex_attention, mask_from_mod
+from .attention.flex import (
+    BlockSparsity,
+    block_mask_from_mod,
+    flex_attention,
+    mask_from_mod,
+)
 from .masking import (
     additive_mask,
     causal_mask,
@@ -66,11 +71,10 @@ from .patterns import (
 
 # isort: split
 # Attention: the explicit and fused paths, FlashAttention, decoding, many devices.
-from .attention import scaled_dot_product_attention
-from .capping import max_attention_logits, qk_clip_, soft_cap
-from .decode import aligned_causal_mask, repeat_kv_heads, split_k_attention
-from .differential import differential_attention
-from .flash import (
+from .attention.capping import max_attention_logits, qk_clip_, soft_cap
+from .attention.decode import aligned_causal_mask, repeat_kv_heads, split_k_attention
+from .attention.differential import differential_attention
+from .attention.flash import (
     CAUSAL_ALIGNMENTS,
     FlashAttention,
     FlashStep,
@@ -78,9 +82,10 @@ from .flash import (
     flash_attention_backward,
     flash_attention_steps,
 )
-from .online import merge_attention_states, online_softmax
-from .ring import RingRun, ring_attention, run_ring_attention
-from .selective import selective_attention
+from .attention.online import merge_attention_states, online_softmax
+from .attention.ring import RingRun, ring_attention, run_ring_attention
+from .attention.sdpa import scaled_dot_product_attention
+from .attention.selective import selective_attention
 
 # isort: split
 # Gradients: the Jacobian and the backward pass written out.
@@ -181,10 +186,11 @@ __all__ = [
 #: one section per topic, in this order).
 API_GROUPS: dict[str, tuple[str, ...]] = {
     "Softmax and the normalizers": ("normalizers",),
-    "Masks and attention patterns": ("masking", "patterns", "flex"),
+    "Masks and attention patterns": ("masking", "patterns", "attention.flex"),
     "Attention": (
-        "attention", "online", "flash", "decode", "ring", "differential",
-        "selective", "capping",
+        "attention", "attention.online", "attention.flash", "attention.decode",
+        "attention.ring", "attention.differential", "attention.selective",
+        "attention.capping",
     ),
     "Gradients": ("gradients",),
     "The output layer": ("losses", "sampling"),
@@ -235,7 +241,14 @@ _MOVED_TO_BOOKKIT = {
 }
 
 
+# The attention modules moved into the package ``softmaxbook.attention`` in 0.3:
+# ``softmaxbook.flash`` (and each other old path) still imports, as the new module.
+_api.alias_moved_modules()
+
+
 def __getattr__(name: str) -> object:
+    if f"{__name__}.{name}" in _api.MOVED_MODULES:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
     if name in _LAZY:
         return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
     if name in _MOVED_TO_BOOKKIT:

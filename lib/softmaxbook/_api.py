@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -82,3 +87,42 @@ def moved_module(old: str, names: Mapping[str, str]) -> Callable[[str], Any]:
         return getattr(importlib.import_module(names[name]), name)
 
     return __getattr__
+
+
+#: Modules that moved, old dotted path -> new: the old path still imports, and
+#: is the new module itself (the same functions, the same classes).
+MOVED_MODULES: dict[str, str] = {
+    f"softmaxbook.{name}": f"softmaxbook.attention.{name}"
+    for name in (
+        "online", "flash", "flex", "decode", "ring", "differential", "selective",
+        "capping",
+    )
+}  # fmt: skip
+
+
+class _ModuleAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports each old path of :data:`MOVED_MODULES` as its new module."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: object = None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = importlib.import_module(MOVED_MODULES[spec.name])
+        self._spec = module.__spec__  # the import system overwrites it with ``spec``
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__ = self._spec  # the new module ran when it was imported
+
+
+def alias_moved_modules() -> None:
+    """Let ``import softmaxbook.<old path>`` import the module's new home (once)."""
+    if not any(isinstance(finder, _ModuleAlias) for finder in sys.meta_path):
+        sys.meta_path.append(_ModuleAlias())

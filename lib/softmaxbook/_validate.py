@@ -6,7 +6,7 @@ deep inside torch or, worse, as a silent ``nan``. The checks that several
 modules share live here once: a tensor, a dimension, a positive number, a
 boolean mask (True = may attend), the ``q, k, v`` of attention, the
 ``is_causal`` names and grouped-query heads (the pieces that
-:func:`softmaxbook._attention_args.resolve_attention`, the one resolver of
+:func:`softmaxbook.attention._args.resolve_attention`, the one resolver of
 every attention entry point, builds on; ``check_attention_args`` remains for the
 kernels, which sit below the attention layer); and :func:`zero_empty_rows`, the one
 guard that keeps a row with nothing to attend from turning into ``nan``;
@@ -300,7 +300,7 @@ def check_installed(packages: str | Iterable[str], needed_by: str) -> None:
 # --------------------------------------------------------------------------------------
 
 #: The names ``is_causal`` accepts besides True and False (see
-#: :data:`softmaxbook.flash.CAUSAL_ALIGNMENTS`).
+#: :data:`softmaxbook.attention.flash.CAUSAL_ALIGNMENTS`).
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
 

@@ -17,7 +17,7 @@ models combine a few more patterns, all built here from position indices:
 The masks follow the library's convention (boolean, **True = may attend**)
 and combine with ``&``; a row that a combination empties gets zeros from
 :func:`~softmaxbook.masked_softmax`. The same patterns written as functions of
-the indices (``mask_mod``) are the subject of :mod:`softmaxbook.flex`.
+the indices (``mask_mod``) are the subject of :mod:`softmaxbook.attention.flex`.
 """
 
 from __future__ import annotations

@@ -153,15 +153,16 @@ def test_normalizers_import_only_the_policy_layer():
 
 
 #: The attention entry points (lib/README.md): each resolves its arguments with the
-#: one resolver, softmaxbook._attention_args.
+#: one resolver, softmaxbook.attention._args.
 ATTENTION_ENTRY_POINTS = (
-    "attention", "flash", "flex", "decode", "ring", "differential", "selective",
-    "capping",
+    "attention.sdpa", "attention.flash", "attention.flex", "attention.decode",
+    "attention.ring", "attention.differential", "attention.selective",
+    "attention.capping",
 )  # fmt: skip
 
 
 def test_every_attention_entry_point_resolves_its_arguments_in_one_place():
-    resolver = f"{ROOT}._attention_args"
+    resolver = f"{ROOT}.attention._args"
     # The resolver sits at the bottom of the attention layer: the checks, torch.
     assert set(GRAPH[resolver]) <= {f"{ROOT}._validate"}, GRAPH[resolver]
     missing = [
@@ -184,8 +185,8 @@ def test_no_module_imports_the_public_api():
 
 def test_the_graph_is_read():
     # The test above would pass on an empty graph: check that it holds known edges.
-    assert f"{ROOT}.masking" in GRAPH[f"{ROOT}.attention"]
-    assert f"{ROOT}.kernels" in GRAPH[f"{ROOT}.flash"]
+    assert f"{ROOT}.masking" in GRAPH[f"{ROOT}.attention.sdpa"]
+    assert f"{ROOT}.kernels" in GRAPH[f"{ROOT}.attention.flash"]
     assert f"{ROOT}._validate" in GRAPH[f"{ROOT}.kernels"]
     assert f"{ROOT}.kernels._triton" in GRAPH[f"{ROOT}.kernels"]
     assert len(MODULES) >= 20

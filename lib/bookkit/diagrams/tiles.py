@@ -4,7 +4,7 @@ of FlashAttention and what travels between memories, and ring attention.
 Each ``draw_*`` function returns a matplotlib Figure built from the primitives
 of :mod:`bookkit.diagrams._draw`. Where the library has the values (the running
 state of :func:`softmaxbook.flash_attention_steps`, the tile sizes of
-:mod:`softmaxbook.flash` and of its Triton kernel, the ring's rule for who
+:mod:`softmaxbook.attention.flash` and of its Triton kernel, the ring's rule for who
 holds which block), the diagram takes them from there instead of typing them.
 """
 
@@ -149,7 +149,7 @@ def gpu_block_size(head_dim: int = 64) -> tuple[int, int]:
     Read from the kernel's launch rule (``softmaxbook.kernels._triton``) for
     a problem of this head dimension, so the diagram shows the tiles the GPU
     kernel really uses; they are far smaller than the torch loop's
-    :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE`, because a GPU keeps them in
+    :data:`softmaxbook.attention.flash.DEFAULT_BLOCK_SIZE`, because a GPU keeps them in
     registers and shared memory. Reads the rule where Triton is installed (no
     GPU needed); where it is not (macOS), returns the value that rule gives.
     """
@@ -174,10 +174,10 @@ def draw_flash_tiles(
     logsumexp written once.
 
     ``block_size`` defaults to the library's own
-    :data:`softmaxbook.flash.DEFAULT_BLOCK_SIZE` (the torch loop's tiles);
+    :data:`softmaxbook.attention.flash.DEFAULT_BLOCK_SIZE` (the torch loop's tiles);
     pass :func:`gpu_block_size` to draw the GPU kernel's.
     """
-    from softmaxbook import flash
+    from softmaxbook.attention import flash
 
     bq, bk = flash.DEFAULT_BLOCK_SIZE if block_size is None else block_size
     n_q, n_k = max(1, math.ceil(seq_len / bq)), max(1, math.ceil(seq_len / bk))
@@ -284,12 +284,12 @@ def draw_flash_tiles(
 
 def ring_schedule(world_size: int) -> list[list[int]]:
     """Which key/value block rank ``r`` holds at step ``t``, ``(r - t) % W``,
-    read from :mod:`softmaxbook.ring`'s own rule (its ``_Ring.owner``; rank
+    read from :mod:`softmaxbook.attention.ring`'s own rule (its ``_Ring.owner``; rank
     ``r`` sends to ``r + 1`` and receives from ``r - 1``). Returns
     ``[rank][step]``."""
     from types import SimpleNamespace
 
-    from softmaxbook.ring import _Ring
+    from softmaxbook.attention.ring import _Ring
 
     return [
         [

@@ -10,7 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from .._validate import check_positive, check_positive_int, check_tensor
-from ..attention import Normalizer, resolve_normalizer, scaled_dot_product_attention
+from ..attention.sdpa import (
+    Normalizer,
+    resolve_normalizer,
+    scaled_dot_product_attention,
+)
 
 __all__ = ["MultiHeadAttention", "TransformerBlock", "TinyTransformer"]
 

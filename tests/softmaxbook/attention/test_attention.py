@@ -1,4 +1,4 @@
-"""Tests for softmaxbook.attention: scaled_dot_product_attention against torch and
+"""Tests for softmaxbook.attention.sdpa: scaled_dot_product_attention against torch and
 NumPy."""
 
 from __future__ import annotations
@@ -493,7 +493,7 @@ def _path(*args, **kw):
 
 def _spy(monkeypatch):
     """Count the calls that reach torch's fused kernel from the library."""
-    from softmaxbook import attention
+    from softmaxbook.attention import sdpa as attention
 
     calls = []
     real = attention.F.scaled_dot_product_attention

@@ -1,4 +1,4 @@
-"""Tests of softmaxbook._attention_args: the one argument resolver of every attention
+"""Tests of softmaxbook.attention._args: the one argument resolver of every attention
 entry point."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from softmaxbook._attention_args import ATTENTION_OPTIONS, resolve_attention
+from softmaxbook.attention._args import ATTENTION_OPTIONS, resolve_attention
 
 NEG_INF = float("-inf")
 

@@ -1,4 +1,5 @@
-"""Tests for softmaxbook.capping: soft-capping, max attention logits, QK-clip."""
+"""Tests for softmaxbook.attention.capping: soft-capping, max attention logits,
+QK-clip."""
 
 from __future__ import annotations
 
@@ -165,7 +166,7 @@ def test_soft_cap_reaches_the_cap_in_floating_point_as_documented():
     doc = " ".join(sb.soft_cap.__doc__.split())
     assert "Values in :math:`[-c, c]`" in doc
     # Its summary, the module's list and the glossary give the same closed interval.
-    import softmaxbook.capping as capping
+    import softmaxbook.attention.capping as capping
 
     assert "a smooth clamp to :math:`[-c, c]`" in doc
     assert "every logit into :math:`[-c, c]`" in " ".join(capping.__doc__.split())

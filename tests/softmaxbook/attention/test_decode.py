@@ -1,5 +1,5 @@
-"""Tests of softmaxbook.decode: grouped-query heads, the causal alignment and split-K
-decoding (and scaled_dot_product_attention's enable_gqa and is_causal names)."""
+"""Tests of softmaxbook.attention.decode: grouped-query heads, the causal alignment and
+split-K decoding (and scaled_dot_product_attention's enable_gqa and is_causal names)."""
 
 from __future__ import annotations
 

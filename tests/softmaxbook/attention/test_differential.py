@@ -1,4 +1,4 @@
-"""softmaxbook.differential: the difference of two softmax attention maps."""
+"""softmaxbook.attention.differential: the difference of two softmax attention maps."""
 
 from __future__ import annotations
 

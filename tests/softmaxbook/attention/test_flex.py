@@ -1,4 +1,5 @@
-"""Tests for softmaxbook.flex: mask_mod and score_mod, block sparsity, attention."""
+"""Tests for softmaxbook.attention.flex: mask_mod and score_mod, block sparsity,
+attention."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of softmaxbook.online: online_softmax and merge_attention_states."""
+"""Tests of softmaxbook.attention.online: online_softmax and merge_attention_states."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests of softmaxbook.ring: ring attention between processes of this machine.
+"""Tests of softmaxbook.attention.ring: ring attention between processes of this
+machine.
 
 Each test starts its processes with run_ring_attention: spawned workers, the
 gloo backend, the loopback address only. Every run is bounded (its timeout
@@ -54,7 +55,7 @@ def test_four_processes_causal_match_single_process_attention():
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not sb.ring._reset_peak(), reason="needs Linux's /proc/self/clear_refs"
+    not sb.attention.ring._reset_peak(), reason="needs Linux's /proc/self/clear_refs"
 )
 def test_memory_per_rank_shrinks_with_the_number_of_ranks():
     # A fixed sequence of 4096 positions: each rank holds 1/W of it and at most two
@@ -147,7 +148,7 @@ def test_a_rank_holds_at_most_three_key_value_blocks_as_documented():
     # By the ring's own rule (_Ring.owner), rank r holds at step t its own block,
     # the block of rank r - t (attended to and sent on) and, before the last step,
     # the block of rank r - t - 1 arriving: three distinct blocks from W = 3 on.
-    from softmaxbook import ring
+    from softmaxbook.attention import ring
 
     for world in (2, 3, 4, 8):
         most = 0

@@ -1,4 +1,4 @@
-"""softmaxbook.selective: selective attention (Leviathan et al., 2025)."""
+"""softmaxbook.attention.selective: selective attention (Leviathan et al., 2025)."""
 
 from __future__ import annotations
 

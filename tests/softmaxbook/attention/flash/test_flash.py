@@ -1,5 +1,5 @@
-"""Tests of softmaxbook.flash: flash_attention forward and backward, its layout
-(grouped-query heads, learned sinks, the two causal alignments), and
+"""Tests of softmaxbook.attention.flash: flash_attention forward and backward, its
+layout (grouped-query heads, learned sinks, the two causal alignments), and
 flash_attention_backward and flash_attention_steps."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 import softmaxbook as sb
 from random_inputs import qkv as _qkv
 from random_inputs import sdpa64 as _sdpa64
-from softmaxbook import _tiles
-from softmaxbook._attention_args import resolve_attention
+from softmaxbook.attention import _tiles
+from softmaxbook.attention._args import resolve_attention
 
 # torch's SDPA takes enable_gqa from torch 2.5; the oldest torch this library supports
 # is 2.2 (make test-oldest), where only the comparisons with torch are skipped: the
@@ -587,7 +587,7 @@ def test_gqa_bad_input():
 def _prepared(q, k, v, block_size=64, **options):
     """The flat layout of the tile loops for a call with these options."""
     args = resolve_attention(q, k, v, **options)
-    return sb.flash._prepare(q, k, v, args, block_size)
+    return sb.attention.flash._prepare(q, k, v, args, block_size)
 
 
 def test_shared_key_heads_are_folded_into_rows():
@@ -1035,7 +1035,7 @@ def test_grad_out_is_a_deprecated_spelling_of_grad_output():
 def test_without_torchs_cpu_operator_every_call_takes_the_tile_loops(monkeypatch):
     # An older or newer torch without aten::_scaled_dot_product_flash_attention_for_cpu
     # loses only the fused path.
-    monkeypatch.setattr(sb.flash, "_FUSED_FORWARD", None)
+    monkeypatch.setattr(sb.attention.flash, "_FUSED_FORWARD", None)
     q, k, v = _qkv(6, 9)
     decision = sb.explain_dispatch("flash_attention", q, k, v)
     assert (

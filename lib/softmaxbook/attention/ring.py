@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._api import renamed_keywords
-from ._attention_args import resolve_attention
-from ._validate import check_positive, check_positive_int
+from .._api import renamed_keywords
+from .._validate import check_positive, check_positive_int
+from ._args import resolve_attention
 from .flash import DEFAULT_BLOCK_SIZE, flash_attention, flash_attention_backward
 from .online import merge_attention_states
 

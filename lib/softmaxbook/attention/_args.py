@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._validate import check_causal, check_gqa_heads, check_positive, check_qkv
+from .._validate import check_causal, check_gqa_heads, check_positive, check_qkv
 
 __all__ = ["AttentionArgs", "resolve_attention", "ATTENTION_OPTIONS"]
 

@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import normalizers
-from ._attention_args import AttentionArgs, resolve_attention
-from ._validate import zero_empty_rows
+from .. import normalizers
+from .._validate import zero_empty_rows
+from ..kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
+from ..masking import masked_softmax
+from ..normalizers import sink_softmax
+from ._args import AttentionArgs, resolve_attention
 from .decode import repeat_kv_heads
-from .kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
-from .masking import masked_softmax
-from .normalizers import sink_softmax
 
 __all__ = ["scaled_dot_product_attention", "NORMALIZERS"]
 

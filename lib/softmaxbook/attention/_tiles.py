@@ -1,8 +1,8 @@
 r"""The tile loops of FlashAttention on the torch path: forward and backward.
 
-:mod:`softmaxbook.flash` reduces every call to one layout: ``q`` ``(BH, R, D)``,
-``k`` ``(BH, S, D)``, ``v`` ``(BH, S, Dv)``, an optional boolean mask
-``(BH, R, S)`` (a view) or float additive mask (a bias added to the scores,
+:mod:`softmaxbook.attention.flash` reduces every call to one layout:
+``q`` ``(BH, R, D)``, ``k`` ``(BH, S, D)``, ``v`` ``(BH, S, Dv)``, an optional
+boolean mask ``(BH, R, S)`` (a view) or float additive mask (a bias added to the scores,
 ``-inf`` removes a key) and an optional causal rule "row ``r`` may attend to
 keys ``j <= r % period + offset``". The loops here compute on that layout,
 in place, in float32 (float64 for float64 input), with a few single-threaded

@@ -28,12 +28,12 @@ from itertools import pairwise
 import torch
 from torch import Tensor
 
-from ._attention_args import resolve_attention
-from ._validate import (
+from .._validate import (
     check_causal,
     check_positive_int,
     check_tensor,
 )
+from ._args import resolve_attention
 from .flash import flash_attention
 from .online import merge_attention_states
 

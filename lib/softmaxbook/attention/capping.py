@@ -7,7 +7,7 @@ the logits themselves:
 
 * :func:`soft_cap` squashes every logit into :math:`[-c, c]` with
   :math:`c \tanh(x / c)`, a smooth clamp applied in the forward pass, to
-  attention scores (as a ``score_mod``, see :mod:`softmaxbook.flex`) and to
+  attention scores (as a ``score_mod``, see :mod:`softmaxbook.attention.flex`) and to
   the final logits. Gemma 2 uses :math:`c = 50` in attention and
   :math:`c = 30` at the output (Gemma Team, 2024).
 * :func:`qk_clip_` leaves the forward pass alone and instead rescales the
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._attention_args import resolve_attention
-from ._validate import check_float, check_positive, check_tensor
+from .._validate import check_float, check_positive, check_tensor
+from ._args import resolve_attention
 
 __all__ = ["soft_cap", "max_attention_logits", "qk_clip_"]
 

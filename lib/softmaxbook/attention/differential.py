@@ -27,9 +27,9 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from ._attention_args import resolve_attention
-from ._validate import check_qkv
-from .attention import scaled_dot_product_attention
+from .._validate import check_qkv
+from ._args import resolve_attention
+from .sdpa import scaled_dot_product_attention
 
 __all__ = ["differential_attention"]
 

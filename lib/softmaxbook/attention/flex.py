@@ -34,10 +34,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._attention_args import resolve_attention
-from ._validate import check_positive_int
-from .masking import masked_softmax
-from .normalizers import sink_softmax
+from .._validate import check_positive_int
+from ..masking import masked_softmax
+from ..normalizers import sink_softmax
+from ._args import resolve_attention
 
 __all__ = ["mask_from_mod", "block_mask_from_mod", "BlockSparsity", "flex_attention"]
 

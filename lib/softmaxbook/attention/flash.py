@@ -15,7 +15,7 @@ logsumexp. Three implementations run it, and
 ``explain_dispatch("flash_attention", q, k, v, **options)`` says which one a
 call takes, and why:
 
-- ``"torch"``: the tile loops of ``softmaxbook._tiles``, the algorithm as the
+- ``"torch"``: the tile loops of ``softmaxbook.attention._tiles``, the algorithm as the
   book teaches it (forced by ``block_size=`` or ``explicit=True``; also every
   case the other two do not cover: sinks, float16/bfloat16, broadcast batches,
   rows with nothing to attend, ``torch.func`` transforms);
@@ -43,13 +43,13 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .. import kernels as _kernels
+from .._api import renamed_keywords
+from .._validate import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
+from .._validate import check_float, check_positive_int
+from ..kernels import dispatch as _dispatch
 from . import _tiles
-from . import kernels as _kernels
-from ._api import renamed_keywords
-from ._attention_args import AttentionArgs, resolve_attention
-from ._validate import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
-from ._validate import check_float, check_positive_int
-from .kernels import dispatch as _dispatch
+from ._args import AttentionArgs, resolve_attention
 
 __all__ = [
     "FlashAttention",

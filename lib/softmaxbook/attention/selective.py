@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._attention_args import resolve_attention
-from .attention import scaled_dot_product_attention
-from .masking import causal_mask
+from ..masking import causal_mask
+from ._args import resolve_attention
+from .sdpa import scaled_dot_product_attention
 
 __all__ = ["selective_attention"]
 

@@ -1,4 +1,5 @@
-"""softmaxbook._tiles: the three forward loops of flash_attention's torch path.
+"""softmaxbook.attention._tiles: the three forward loops of flash_attention's torch
+path.
 
 A call whose keys fit in one tile takes the plain softmax of that tile
 (``_forward_tile``); an unmasked call over several key tiles keeps one shift per
@@ -15,7 +16,7 @@ import torch
 
 import softmaxbook as sb
 from random_inputs import qkv, sdpa64
-from softmaxbook import _tiles
+from softmaxbook.attention import _tiles
 
 
 def _spy(monkeypatch, name):

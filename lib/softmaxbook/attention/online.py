@@ -4,7 +4,7 @@ Milakov & Gimelshein (2018) observed that the maximum and the sum of
 exponentials of a row can be accumulated together in one pass (element by
 element in their paper, block by block here), if the running sum is rescaled
 whenever the running maximum grows. This is the idea
-that lets FlashAttention (:mod:`softmaxbook.flash`) compute attention without
+that lets FlashAttention (:mod:`softmaxbook.attention.flash`) compute attention without
 ever holding a whole row of scores; :func:`merge_attention_states` is the same
 merge for two partial attention results.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_dim, check_float, check_positive_int
+from .._validate import check_dim, check_float, check_positive_int
 
 __all__ = ["online_softmax", "merge_attention_states"]
 
