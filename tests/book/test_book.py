@@ -273,7 +273,10 @@ def _diagrams(page: Path) -> list[dict]:
         for c in _nb(page)["cells"]
         if c["cell_type"] == "code"
         and "diagram" in _tags(c)
-        and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))
+        and any(
+            {"image/png", "image/svg+xml"} & o.get("data", {}).keys()
+            for o in c.get("outputs", [])
+        )
     ]
 
 
