@@ -159,7 +159,9 @@ def _exact_threshold(z: Tensor, kind: str) -> Tensor:
     ties), or whose threshold came out below the bound that chose its candidates
     (then its support might reach past them; only rounding can cause that).
     """
-    if z.shape[-1] <= _SORT_AT_MOST:
+    if z.shape[-1] <= _SORT_AT_MOST or torch.compiler.is_compiling():
+        # Under torch.compile the candidate search's data-dependent sizes would
+        # break the graph: the full sort has static shapes and the same result.
         return _sorted_threshold(z.sort(dim=-1, descending=True).values, kind)[0]
     bound = z.new_full((z.shape[0], 1), _T0[kind])
     # (R, k): every key of the support is among these; -inf and nan never are.
