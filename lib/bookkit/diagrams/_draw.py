@@ -4,8 +4,9 @@ Coordinates are data units on an axes with equal aspect and no ticks, so a
 diagram is laid out like a drawing on squared paper. Colours come from the
 book's palette (``bookkit.PALETTE``) on an opaque white
 background, which reads the same in the website's light and dark modes.
-Text is at least 9 points: a 6.4-inch figure shown 358 px wide on a phone
-keeps it legible.
+Text is at least :data:`bookkit.plotting.MIN_FONT_PT` (12.5) points and a
+diagram at most 6.4 inches wide, so that shown 342 px wide on a 390 px phone
+every label is at least 9 CSS px; math is written in mathtext (``r"$z_j$"``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..plotting import PALETTE, use_style
+from ..plotting import MIN_FONT_PT, PALETTE, use_style
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is made
     from matplotlib.axes import Axes
@@ -29,7 +30,8 @@ __all__ = ["PALETTE", "INK", "MUTED", "canvas", "box", "arrow", "text", "cells"]
 INK = "#222222"
 #: Light grey for what is off, masked or not computed.
 MUTED = "#d9d9d9"
-MIN_FONTSIZE = 9
+#: No text in a diagram is smaller (points).
+MIN_FONTSIZE = MIN_FONT_PT
 
 
 def canvas(
@@ -66,7 +68,7 @@ def box(
     *,
     color: str = PALETTE[0],
     fill: float = 0.18,
-    fontsize: float = 10,
+    fontsize: float = 13,
     textcolor: str = INK,
     rounded: bool = True,
 ) -> FancyBboxPatch:
@@ -104,7 +106,7 @@ def arrow(
     label: str = "",
     *,
     color: str = INK,
-    fontsize: float = 9,
+    fontsize: float = 12.5,
     offset: tuple[float, float] = (0, 0.15),
     style: str = "-|>",
     linestyle: str = "-",
@@ -145,7 +147,7 @@ def text(
     y: float,
     s: str,
     *,
-    fontsize: float = 10,
+    fontsize: float = 13,
     color: str = INK,
     **kwargs: Any,
 ) -> Text:
@@ -165,7 +167,7 @@ def cells(
     on: str = PALETTE[0],
     off: str = MUTED,
     labels: Sequence[str] | None = None,
-    fontsize: float = 9,
+    fontsize: float = 12.5,
 ) -> tuple[int, ...]:
     """A grid of square cells, row 0 at the top, lower-left corner at ``(x, y)``.
 

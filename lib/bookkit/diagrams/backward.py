@@ -1,6 +1,6 @@
 """What the backward pass of attention saves and what it recomputes.
 
-:func:`draw_attention_backward` draws the forward pass Q, K, V -> S -> P -> O,
+:func:`draw_attention_backward` draws the forward pass Q, K, V -> Z -> P -> O,
 the tensors the autograd node keeps for the backward pass, and the backward
 pass itself. What is drawn as saved is read from the library: a small call
 of ``softmaxbook.flash_attention`` is made and its node's saved tensors are
@@ -100,15 +100,15 @@ def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure
     text(ax, 0.2, 12.7, "forward", ha="left", fontsize=11, color=blue)
     for i, name in enumerate(["Q", "K", "V"]):
         box(ax, 0.3 + 1.5 * i, 10.3, 1.2, 1.2, name, color=blue)
-    box(ax, 5.6, 10.3, 3.6, 1.2, r"$S = \tau\,QK^\top$", color=blue)
-    box(ax, 10.6, 10.3, 3.9, 1.2, r"$P = \mathrm{softmax}(S)$", color=blue)
+    box(ax, 5.6, 10.3, 3.6, 1.2, r"$Z = QK^\top\!/\sqrt{d_k}$", color=blue)
+    box(ax, 10.6, 10.3, 3.9, 1.2, r"$P = \mathrm{softmax}(Z)$", color=blue)
     box(ax, 15.9, 10.3, 3.2, 1.2, r"$O = PV$", color=blue)
     arrow(ax, (4.6, 10.9), (5.6, 10.9))
     arrow(ax, (9.2, 10.9), (10.6, 10.9))
     arrow(ax, (14.5, 10.9), (15.9, 10.9))
     text(ax, 7.4, 9.8, r"$L \times S$", fontsize=9)
     text(ax, 12.55, 9.8, r"$L \times S$", fontsize=9)
-    text(ax, 17.5, 9.8, r"$L \times D_v$", fontsize=9)
+    text(ax, 17.5, 9.8, r"$L \times d_v$", fontsize=9)
 
     # Saved for the backward pass, middle band.
     text(
@@ -144,14 +144,14 @@ def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure
 
     # Backward pass, bottom band.
     text(ax, 7.4, 5.6, "backward (given dO)", ha="left", fontsize=11, color=orange)
-    box(ax, 0.3, 3.4, 6.0, 1.3, r"$P = e^{\tau QK^\top - \lambda}$", color=orange)
+    box(ax, 0.3, 3.4, 6.0, 1.3, r"$P = \exp(Z - \lambda)$", color=orange)
     text(ax, 3.3, 2.9, "recomputed, tile by tile", fontsize=9, color=orange)
     box(ax, 7.4, 4.0, 5.2, 1.1, r"$dV = P^\top dO$", color=orange)
     box(ax, 7.4, 2.6, 5.2, 1.1, r"$dP = dO\,V^\top$", color=orange)
     box(ax, 7.4, 0.4, 5.2, 1.5, r"$\delta = \mathrm{rowsum}(dO \circ O)$", color=orange)
-    box(ax, 13.7, 2.3, 5.9, 1.3, r"$dS = P \circ (dP - \delta)$", color=orange)
-    box(ax, 13.7, 0.2, 2.8, 1.3, r"$dQ = \tau\,dS\,K$", color=orange)
-    box(ax, 16.8, 0.2, 2.8, 1.3, r"$dK = \tau\,dS^\top Q$", color=orange)
+    box(ax, 13.7, 2.3, 5.9, 1.3, r"$dZ = P \circ (dP - \delta)$", color=orange)
+    box(ax, 13.7, 0.2, 2.8, 1.3, r"$dQ = dZ\,K/\sqrt{d_k}$", color=orange)
+    box(ax, 16.8, 0.2, 2.8, 1.3, r"$dK = dZ^\top Q/\sqrt{d_k}$", color=orange)
     arrow(ax, (6.3, 4.1), (7.4, 4.5))
     arrow(ax, (6.3, 4.0), (13.7, 3.3))
     arrow(ax, (12.6, 3.15), (13.7, 2.95))

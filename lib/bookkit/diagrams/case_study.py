@@ -115,23 +115,22 @@ def draw_model(
         width / 2,
         y_seq + size + 0.3,
         f"{s['n_pairs']} key-value pairs, then a key: answer its value "
-        f"(L = {s['length']}, {s['vocab']} tokens)",
+        f"($L$ = {s['length']}, $|\\mathcal{{V}}|$ = {s['vocab']})",
         fontsize=9,
     )
 
     # Embeddings.
-    y = 10.0
-    arrow(ax, (width / 2, y_seq), (width / 2, y + 0.9))
+    y = 9.7
+    arrow(ax, (width / 2, y_seq), (width / 2, y + 1.25))
     box(
         ax,
         1.0,
         y,
         width - 2.0,
-        0.9,
-        f"token + position embedding  ({s['vocab']} tokens, "
-        f"{s['length']} positions → width {s['d_model']})",
+        1.25,
+        f"token + position embedding\n{s['vocab']} tokens, "
+        f"{s['length']} positions → width {s['d_model']}",
         color=grey,
-        fontsize=9,
     )
 
     # One block, drawn in full, repeated n_layers times.
@@ -157,19 +156,20 @@ def draw_model(
     )
     arrow(ax, (3.2, 8.0), (3.2, 7.45))
     # The attention, with the part the chapter varies in its own colour.
-    box(ax, 1.0, 4.9, width - 2.0, 2.5, "", color=blue, fill=0.10)
+    box(ax, 1.0, 4.7, width - 2.0, 2.8, "", color=blue, fill=0.10)
     text(ax, 3.2, 7.05, "attention", fontsize=10, fontweight="bold")
-    text(ax, 3.2, 6.45, r"scores $(s/T)\,QK^\top$", fontsize=10)
-    text(ax, 3.2, 5.75, r"$s = 1/\sqrt{d_k}$ or 1", fontsize=9)
+    text(ax, 3.2, 6.45, r"scores $c\,QK^\top\!/T$", fontsize=10)
+    text(ax, 3.2, 5.75, r"$c = 1/\sqrt{d_k}$ or 1", fontsize=9)
     text(ax, 3.2, 5.25, r"$T$ = 1 or 0.1", fontsize=9)
-    arrow(ax, (4.9, 6.2), (5.9, 6.2))
-    box(ax, 5.9, 5.1, 5.0, 2.1, "", color=orange, fill=0.25)
-    text(ax, 8.4, 6.85, "normalizer (varied)", fontsize=10, fontweight="bold")
+    arrow(ax, (4.8, 6.2), (5.5, 6.2))
+    box(ax, 5.5, 4.8, 5.4, 2.6, "", color=orange, fill=0.25)
+    text(ax, 8.2, 7.05, "normalizer (varied)", fontweight="bold")
     variants = [_NORMALIZER_NAMES.get(v, v) for v in s["normalizers"]]
-    half = 2
-    for row, chunk in enumerate((variants[:half], variants[half:])):
-        text(ax, 8.4, 6.3 - 0.5 * row, ", ".join(chunk), fontsize=9)
-    text(ax, 8.4, 5.35, "weights → mix the values", fontsize=9)
+    chunks = [variants[i : i + 2] for i in range(0, len(variants), 2)]
+    for row, chunk in enumerate(chunks):  # two names a line: phone-legible
+        last = row == len(chunks) - 1
+        text(ax, 8.2, 6.55 - 0.45 * row, ", ".join(chunk) + ("" if last else ","))
+    text(ax, 8.2, 6.55 - 0.45 * len(chunks) - 0.05, "weights → mix the values")
     box(ax, 1.0, 3.5, 4.4, 0.75, "LayerNorm → MLP", color=grey, fontsize=9)
     text(
         ax,
@@ -178,7 +178,7 @@ def draw_model(
         f"width {s['d_model']} → {s['d_ff']} → {s['d_model']}",
         fontsize=9,
     )
-    arrow(ax, (3.2, 4.9), (3.2, 4.25), "+ residual", offset=(1.0, -0.1))
+    arrow(ax, (3.2, 4.7), (3.2, 4.25), "+ residual", offset=(1.0, -0.1))
 
     # Read-out at the last position.
     arrow(ax, (3.2, 3.5), (3.2, 2.35), "+ residual", offset=(1.0, -0.05))

@@ -50,9 +50,18 @@ def float_limits(dtype: torch.dtype) -> dict[str, float]:
 
 
 def _short(v: float) -> str:
-    """A number in 3 significant digits (3.40e38, not 3.4e38): 65504 stays whole."""
-    s = f"{v:.0f}" if 1 <= v < 1e5 else f"{v:#.3g}"
-    return s.replace("e-0", "e-").replace("e+", "e")
+    r"""A number in 3 significant digits, in mathtext: ``$3.40\times10^{38}$`` (not
+    3.4e38, whose minus sign and "e" are easily misread at phone size); 65504
+    stays whole."""
+    if 1 <= v < 1e5:
+        return f"{v:.0f}"
+    mantissa, exponent = f"{v:.2e}".split("e")
+    return rf"${mantissa}\times10^{{{int(exponent)}}}$"
+
+
+def _signed(v: float) -> str:
+    """``v`` to one decimal, with a true minus sign."""
+    return f"{v:.1f}".replace("-", "\u2212")
 
 
 def draw_float_ranges(
@@ -70,7 +79,8 @@ def draw_float_ranges(
     Returns
     -------
     matplotlib.figure.Figure
-        A 6.4 x 6.6 inch figure with two stacked panels.
+        A 6.4 x 6.6 inch figure with two stacked panels, text at 12.5 points
+        or more.
     """
     import matplotlib.pyplot as plt
     import torch
@@ -82,7 +92,7 @@ def draw_float_ranges(
     use_style()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6.6))
     if title:
-        fig.suptitle(title, fontsize=12, fontweight="bold")
+        fig.suptitle(title, fontweight="bold")
     names = [str(dt).removeprefix("torch.") for dt in dtypes]
     limits = [float_limits(dt) for dt in dtypes]
     colors = [PALETTE[i % len(PALETTE)] for i in range(len(dtypes))]
@@ -103,9 +113,11 @@ def draw_float_ranges(
             linewidth=1.0,
         )
         top.barh(y, hi - mid, left=mid, height=0.38, color=color, edgecolor=color)
-        text(top, lo, y - 0.3, _short(lim["subnormal"]), va="top", fontsize=9)
-        text(top, mid, y + 0.3, _short(lim["normal"]), va="bottom", fontsize=9)
-        text(top, hi, y + 0.3, _short(lim["max"]), va="bottom", fontsize=9)
+        text(top, lo, y - 0.3, _short(lim["subnormal"]), va="top")
+        # the smallest normal number ends at its mark, so that it never runs
+        # into the largest one (float16's range is short on this axis)
+        text(top, mid, y + 0.3, _short(lim["normal"]), va="bottom", ha="right")
+        text(top, hi, y + 0.3, _short(lim["max"]), va="bottom")
     top.set_yticks(range(n), names[::-1])
     top.set_ylim(-0.8, n - 0.3)
     lows = [math.log10(lim["subnormal"]) for lim in limits]
@@ -134,22 +146,20 @@ def draw_float_ranges(
             linewidth=1.0,
         )
         bottom.barh(y, inf - subn, left=subn, height=0.38, color=color, edgecolor=color)
-        text(bottom, zero, y + 0.3, f"{zero:.1f}", va="bottom", ha="right", fontsize=9)
-        text(bottom, inf, y + 0.3, f"{inf:.1f}", va="bottom", ha="left", fontsize=9)
+        text(bottom, zero, y + 0.3, _signed(zero), va="bottom", ha="right")
+        text(bottom, inf, y + 0.3, _signed(inf), va="bottom", ha="left")
     zmin = min(lim["exp_zero_below"] for lim in limits)
     imax = max(lim["exp_inf_above"] for lim in limits)
     left, right = zmin - 30, imax + 30
     bottom.axvspan(left, zmin, color=MUTED, alpha=0.5, lw=0)
     bottom.axvspan(imax, right, color=MUTED, alpha=0.5, lw=0)
-    text(bottom, (left + zmin) / 2, -0.55, "exp = 0", fontsize=9, color=INK)
-    text(bottom, (imax + right) / 2, -0.55, "exp = inf", fontsize=9, color=INK)
+    text(bottom, (left + zmin) / 2, -0.55, "$e^x = 0$", color=INK)
+    text(bottom, (imax + right) / 2, -0.55, r"$e^x = \infty$", color=INK)
     bottom.axvline(0, color=INK, lw=0.8)
     bottom.set_yticks(range(n), names[::-1])
     bottom.set_ylim(-0.8, n - 0.3)
     bottom.set_xlim(left, right)
-    bottom.set_xlabel("argument $x$ of exp (hatched: exp(x) subnormal)")
-    bottom.set_title("Where exp(x) is finite and non-zero")
+    bottom.set_xlabel("argument $x$ of $e^x$ (hatched: $e^x$ subnormal)")
+    bottom.set_title("Where $e^x$ is finite and non-zero")
     bottom.grid(axis="y", visible=False)
-    for ax in (top, bottom):
-        ax.title.set_fontsize(11)
     return fig

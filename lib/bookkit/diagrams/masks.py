@@ -38,7 +38,7 @@ def gallery_masks(
     return {
         "causal": sb.causal_mask(n),
         f"padding (length {length} of {n})": key_mask.expand(n, n),
-        f"sliding window (w = {window})": sb.sliding_window_mask(n, window=window),
+        f"sliding window ($w$ = {window})": sb.sliding_window_mask(n, window=window),
         "documents " + " + ".join(map(str, documents)): sb.document_mask(
             sb.document_ids(list(documents), n), causal=True
         ),
@@ -68,11 +68,11 @@ def draw_mask_gallery(
         x = side + col * (n + gap)
         y = 1.0 + (1 - row) * (n + top)
         cells(ax, mask.numpy(), x, y, on=PALETTE[0], off=MUTED)
-        text(ax, x + n / 2, y + n + 0.6, name, fontsize=11)
+        text(ax, x + n / 2, y + n + 0.6, name)
         if col == 0:
-            text(ax, x - 0.6, y + n / 2, "query i", rotation=90, fontsize=10)
+            text(ax, x - 0.6, y + n / 2, "query $i$", rotation=90)
         if row == 1:
-            text(ax, x + n / 2, y - 0.6, "key j", fontsize=10)
+            text(ax, x + n / 2, y - 0.6, "key $j$")
     return fig
 
 
@@ -173,8 +173,12 @@ def draw_mask_representations(
     n = grid.shape[0]
     below = np.tril(np.ones((n, n), dtype=bool))
     colors = np.where(grid, PALETTE[0], np.where(below, PALETTE[1], MUTED))
-    side, gap, bottom = 1.9, 2.5, 2.6
-    width = side + 2 * n + gap + 0.3
+    # the tiles are drawn at 0.6 scale, so that the left grid's cells are wide
+    # enough for the two-digit LTS and LTE at a phone-legible size
+    side, gap, bottom = 1.9, 2.0, 2.6
+    tiles = n // block
+    tile = 0.6 * block
+    width = side + n + gap + tiles * tile + 0.3
     height = n + bottom + 1.4
     fig, ax = canvas(width, height, figsize=(6.4, 6.4 * height / width), title=title)
     cells(ax, colors, side, bottom)
@@ -185,34 +189,38 @@ def draw_mask_representations(
         "FlashMask: hidden rows per column",
         fontsize=10,
     )
-    text(ax, side - 0.9, bottom + n / 2, "query i", rotation=90, fontsize=10)
+    text(ax, side - 0.9, bottom + n / 2, "query $i$", rotation=90)
     for name, values, y in (("LTS", lts, bottom - 0.6), ("LTE", lte, bottom - 1.5)):
-        text(ax, side - 0.25, y, name, ha="right", fontsize=9)
-        for j, v in enumerate(values.tolist() if hasattr(values, "tolist") else values):
-            text(ax, side + j + 0.5, y, str(v), fontsize=9)
-    text(ax, side + n / 2, bottom - 2.3, "key j", fontsize=10)
+        values = values.tolist() if hasattr(values, "tolist") else list(values)
+        text(ax, side - 0.25, y, name, ha="right")
+        if len(set(values)) == 1:  # one number for every column: say it once
+            text(ax, side + n / 2, y, f"{values[0]} in every column")
+            continue
+        for j, v in enumerate(values):
+            text(ax, side + j + 0.5, y, str(v))
+    text(ax, side + n / 2, bottom - 2.3, "key $j$")
     comp = np.asarray(computed, dtype=bool).reshape(n // block, n // block)
     ful = np.asarray(full, dtype=bool).reshape(n // block, n // block)
     x0 = side + n + gap
     tile_colors = np.where(ful, PALETTE[0], np.where(comp, "#9ecae1", MUTED))
-    cells(ax, tile_colors, x0, bottom, size=block)
+    yb = bottom + n - tiles * tile  # the tiles' top aligned with the grid's
+    cells(ax, tile_colors, x0, yb, size=tile)
     for r in range(comp.shape[0]):
         for c in range(comp.shape[1]):
             label = "full" if ful[r, c] else ("partial" if comp[r, c] else "skip")
             text(
                 ax,
-                x0 + (c + 0.5) * block,
-                bottom + (comp.shape[0] - r - 0.5) * block,
+                x0 + (c + 0.5) * tile,
+                yb + (comp.shape[0] - r - 0.5) * tile,
                 label,
                 fontsize=10,
             )
     text(
         ax,
-        x0 + n / 2,
+        x0 + tiles * tile / 2,
         bottom + n + 0.6,
-        f"block mask: {block} x {block} tiles",
-        fontsize=10,
+        f"block mask: {block} $\\times$ {block} tiles",
     )
-    text(ax, x0 + n / 2, bottom - 0.6, "key block", fontsize=10)
-    text(ax, x0 - 0.6, bottom + n / 2, "query block", rotation=90, fontsize=10)
+    text(ax, x0 + tiles * tile / 2, yb - 0.6, "key block")
+    text(ax, x0 - 0.6, yb + tiles * tile / 2, "query block", rotation=90)
     return fig

@@ -75,8 +75,8 @@ def output_layer_stages(
 
 def _fmt(v: float) -> str:
     if math.isinf(v):
-        return "-inf" if v < 0 else "inf"
-    return f"{v:.2f}"
+        return r"$-\infty$" if v < 0 else r"$\infty$"
+    return f"{v:.2f}".replace("-", "\u2212")  # a true minus: a hyphen gets lost
 
 
 def draw_output_layer(
@@ -116,15 +116,23 @@ def draw_output_layer(
     size, x0, label_w = 1.3, 5.0, 4.4
     width = x0 + V * size + 0.2
     filters = [
-        f"top-k, k = {top_k}" if top_k is not None else "",
-        f"top-p, p = {top_p}" if top_p is not None else "",
-        f"min-p, p = {min_p}" if min_p is not None else "",
+        f"top-$k$ = {top_k}" if top_k is not None else "",
+        f"top-$p$ = {top_p}" if top_p is not None else "",
+        f"min-$p$ = {min_p}" if min_p is not None else "",
     ]
     rows = [
-        (f"hidden state h\n(D = {D})", None, PALETTE[4]),
-        (f"LM head: z = W h\nW is V x D = {V} x {D}", st["logits"], PALETTE[0]),
-        (f"divide by the\ntemperature T = {temperature:g}", st["tempered"], PALETTE[0]),
-        ("filter:\n" + ", ".join(f for f in filters if f), st["filtered"], PALETTE[1]),
+        (f"hidden state $h$\n({D} numbers)", None, PALETTE[4]),
+        (f"LM head: $z = Wh$\n$W$ is {V} $\\times$ {D}", st["logits"], PALETTE[0]),
+        (
+            f"divide by the\ntemperature $T$ = {temperature:g}",
+            st["tempered"],
+            PALETTE[0],
+        ),
+        (
+            "filter: " + _two_a_line([f for f in filters if f]),
+            st["filtered"],
+            PALETTE[1],
+        ),
         ("softmax:\nprobabilities", st["probs"], PALETTE[2]),
         ("sample one token", None, PALETTE[3]),
     ]
@@ -216,12 +224,18 @@ def draw_output_layer(
         ax,
         width / 2,
         0.7,
-        "grey: removed by the filter (logit -inf, probability 0); "
+        "grey: removed by the filter (logit $-\\infty$, probability 0);\n"
         "outlined: the sampled token",
         fontsize=9,
         color=INK,
     )
     return fig
+
+
+def _two_a_line(items: Sequence[str]) -> str:
+    """``items`` joined by commas, two to a line (a label that fits its box)."""
+    lines = [", ".join(items[i : i + 2]) for i in range(0, len(items), 2)]
+    return ",\n".join(lines)
 
 
 def _light(color: str) -> str:

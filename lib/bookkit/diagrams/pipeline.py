@@ -1,11 +1,12 @@
-"""The attention pipeline: from queries and keys to the output, with shapes.
+r"""The attention pipeline: from queries and keys to the output, with shapes.
 
 One vertical column of steps, so that it stays legible at phone width:
-``Q`` and ``K`` make the scores ``Q K^T``, which are scaled by ``1/sqrt(D)``,
+``Q`` and ``K`` make the scores ``Q K^T``, which are scaled by :math:`1/\sqrt{d_k}`,
 masked, normalized row by row by the softmax, and multiply ``V``. Every arrow
 carries the shape of the tensor that flows along it, in the book's naming
-(batch ``B``, heads ``H``, queries ``L``, keys ``S``, head dimension ``D``,
-value dimension ``Dv``).
+(batch ``B``, heads ``H``, queries ``L``, keys ``S``; the shapes' head
+dimension is the code letter ``D`` (:math:`d_k` in the math), the value
+dimension ``Dv``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def draw_attention_pipeline(
     Returns
     -------
     matplotlib.figure.Figure
-        A 5.0 x 7.4 inch figure, text at 10 points or more.
+        A 5.0 x 7.4 inch figure, text at 12.5 points or more.
     """
     width, height = 9.6, 14.0
     fig, ax = canvas(width, height, figsize=(5.0, 7.4), title=title)
@@ -63,7 +64,7 @@ def draw_attention_pipeline(
 
     steps = [
         ("scores  $Q K^\\top$", "(B, H, L, S)", blue),
-        ("scale  $\\times\\, 1/\\sqrt{D}$", "(B, H, L, S)", blue),
+        ("scale  $\\times\\, 1/\\sqrt{d_k}$", "(B, H, L, S)", blue),
         ("mask  $+\\,0$ or $-\\infty$", "(B, H, L, S)", red),
         (f"normalize: {normalizer}\nover the S keys", "weights (B, H, L, S)", orange),
         ("weights $\\times$ V", "", green),

@@ -96,55 +96,45 @@ def draw_dot_product_variance(d_k: int = 64, n_keys: int = 8, seed: int = 1) -> 
     std = math.sqrt(d_k)
     blue, red = PALETTE[0], PALETTE[3]
 
-    fig, ax = canvas(20, 11, figsize=(7.2, 4.0))
+    # Phone-legible: 6.4 inches wide, the two roads side by side below the sum.
+    fig, ax = canvas(16, 14, figsize=(6.4, 5.6))
     ax.set_title(r"Why the scores are divided by $\sqrt{d_k}$", color=INK)
 
-    # The d_k products and their sum.
-    text(ax, 1.6, 10.4, f"$d_k$ = {d_k} products", fontsize=10)
-    labels = [
-        r"$q_1 k_1$",
-        r"$q_2 k_2$",
-        r"$q_3 k_3$",
-        r"$\vdots$",
-        r"$q_{d_k} k_{d_k}$",
-    ]
-    ys = [8.6, 7.2, 5.8, 4.6, 3.0]
-    for y, label in zip(ys, labels):
-        if label == r"$\vdots$":
-            text(ax, 1.6, y + 0.4, label, fontsize=11)
+    # The d_k products, left to right, and their sum.
+    # the last index written as its value: a script inside a script is too small
+    last = f"$q_{{{d_k}}} k_{{{d_k}}}$"
+    labels = [r"$q_1 k_1$", r"$q_2 k_2$", r"$q_3 k_3$", r"$\cdots$", last]
+    xs, widths = [0.2, 2.4, 4.6, 6.8, 8.0], [2.0, 2.0, 2.0, 1.0, 2.7]
+    for x, w, label in zip(xs, widths, labels):
+        if label == r"$\cdots$":
+            text(ax, x + w / 2, 12.45, label)
             continue
-        box(ax, 0.2, y, 2.8, 1.0, label, color=blue)
-        arrow(ax, (3.0, y + 0.5), (4.4, 5.9))
-    text(ax, 1.6, 2.2, "each: mean 0, Var 1", fontsize=9)
-    box(ax, 4.4, 4.8, 3.6, 2.2, "", color=INK, fill=0.08)
-    text(ax, 6.2, 6.35, r"$q \cdot k = \sum_i q_i k_i$", fontsize=10)
-    text(ax, 6.2, 5.3, f"Var = $d_k$ = {d_k}", fontsize=10)
+        box(ax, x, 12.0, w, 0.9, label, color=blue)
+    text(ax, 5.35, 11.35, f"$d_k$ = {d_k} products, each: mean 0, Var 1")
+    arrow(ax, (10.7, 12.45), (11.3, 12.45))
+    box(ax, 11.3, 10.9, 4.5, 2.1, "", color=INK, fill=0.08)
+    text(ax, 13.55, 12.45, r"$q \cdot k = \sum_i q_i k_i$")
+    text(ax, 13.55, 11.4, f"Var = $d_k$ = {d_k}")
 
-    # One shared scale for both bells: +-3 sd of the unscaled score fits 2.6 units.
-    per_score = 2.6 / (3 * std)
-
-    # Top road: unscaled.
-    arrow(ax, (8.0, 6.4), (9.6, 8.0))
-    _bell(ax, 11.6, 7.2, 2.6, 1.6, std, per_score, red)
+    # One shared scale for both bells: +-3 sd of the unscaled score fits 3.4 units.
+    per_score = 3.4 / (3 * std)
+    roads = [
+        (4.0, red, std, w_raw, f"unscaled: sd $\\sqrt{{d_k}}$ = {std:.0f}"),
+        (12.0, blue, 1.0, w_scaled, "scaled: sd 1, any $d_k$"),
+    ]
+    arrow(ax, (12.2, 10.9), (4.6, 9.75))
+    arrow(ax, (13.55, 10.9), (12.6, 9.75), r"$\div \sqrt{d_k}$", offset=(0.9, -0.45))
+    for cx, color, sd, w, label in roads:
+        text(ax, cx, 9.3, label, color=color)
+        _bell(ax, cx, 6.5, 3.4, 2.0, sd, per_score, color)
+        arrow(ax, (cx, 6.15), (cx, 4.95), "softmax", offset=(1.0, -0.3))
+        bar = 0.6
+        _weights(ax, cx - len(w) * bar / 2, 2.2, w, color, height=2.5, bar=bar)
+        text(ax, cx, 1.6, f"largest weight {w.max():.2f}", color=color)
     text(
         ax,
-        11.6,
-        9.5,
-        f"unscaled: sd $\\sqrt{{d_k}}$ = {std:.0f}",
-        fontsize=9,
-        color=red,
+        8.0,
+        0.6,
+        f"same horizontal scale, ticks at $\\pm$1 sd; {n_keys} keys' weights",
     )
-    arrow(ax, (14.3, 7.8), (15.2, 7.8), "softmax", offset=(0, 0.2))
-    _weights(ax, 15.6, 7.2, w_raw, red)
-    text(ax, 17.3, 9.5, f"largest weight {w_raw.max():.2f}", fontsize=9, color=red)
-
-    # Bottom road: scaled.
-    arrow(ax, (8.0, 5.4), (9.6, 3.6), r"$\div \sqrt{d_k}$", offset=(-0.9, -0.5))
-    _bell(ax, 11.6, 2.2, 2.6, 1.6, 1.0, per_score, blue)
-    text(ax, 11.6, 4.5, "scaled: sd 1, any $d_k$", fontsize=9, color=blue)
-    arrow(ax, (14.3, 2.8), (15.2, 2.8), "softmax", offset=(0, 0.2))
-    _weights(ax, 15.6, 2.2, w_scaled, blue)
-    text(ax, 17.3, 4.5, f"largest weight {w_scaled.max():.2f}", fontsize=9, color=blue)
-    text(ax, 11.6, 1.3, "same horizontal scale; ticks at $\\pm$1 sd", fontsize=9)
-    text(ax, 17.3, 1.3, f"weights of {n_keys} keys", fontsize=9)
     return fig

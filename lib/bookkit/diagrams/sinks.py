@@ -168,7 +168,7 @@ def draw_kv_eviction(
     rows = len(policies)
     height = rows * 1.3 + 2.4
     width = label_w + n + 0.3
-    fig, ax = canvas(width, height, figsize=(7.2, 7.2 * height / width))
+    fig, ax = canvas(width, height, figsize=(6.4, 6.4 * height / width))
     for r, (name, kept) in enumerate(policies.items()):
         y = height - 1.4 - (r + 1) * 1.3
         grid = np.array([[color[k] for k in kept]])

@@ -33,13 +33,16 @@ __all__ = [
 def online_softmax_states(
     scores: Sequence[float] | torch.Tensor, block: int
 ) -> list[dict[str, float]]:
-    """The running state after each tile of keys, for one row of ``scores``.
+    r"""The running state after each tile of keys, for one row of ``scores``.
 
     Runs :func:`softmaxbook.flash_attention_steps` on a query whose scores
     against one-hot keys are ``scores`` (scale 1), so the state drawn is the
     library's own. Returns a list of dicts with keys ``start``, ``stop``,
-    ``m``, ``l`` and ``alpha`` (the factor :math:`e^{m_{old} - m_{new}}` that
-    rescaled what was accumulated before the tile; 1 for the first tile).
+    ``m``, ``l`` and ``alpha``: the factor :math:`e^{m_{old} - m_{new}}` that
+    rescaled what was accumulated before the tile, as the library's
+    :func:`~softmaxbook.attention.online.online_step` computes it, so 0 on the
+    first tile, where :math:`m_{old} = -\infty` and nothing has been
+    accumulated yet.
     """
     import torch
 
@@ -54,7 +57,7 @@ def online_softmax_states(
     states, m_old = [], -math.inf
     for step in sb.flash_attention_steps(q, k, v, block_size=(1, block), scale=1.0):
         m_new = float(step.max.flatten()[0])
-        alpha = 1.0 if m_old == -math.inf else math.exp(m_old - m_new)
+        alpha = math.exp(m_old - m_new)  # exp(-inf) = 0 on the first tile
         states.append(
             {
                 "start": step.k_start,
@@ -68,12 +71,19 @@ def online_softmax_states(
     return states
 
 
+def _num(v: float, digits: int = 2) -> str:
+    """A number as the diagrams print it, with a true minus sign (a hyphen is
+    easily lost at phone size)."""
+    return f"{v:.{digits}f}".replace("-", "\u2212")
+
+
 def draw_online_softmax_state(
     scores: Sequence[float] | None = None, *, block: int = 4
 ) -> Figure:
     """One row of scores in tiles of ``block`` keys, and the running state
     :math:`(m, \\ell)` after each tile with its rescale factor
-    :math:`\\alpha = e^{m_{old} - m_{new}}`."""
+    :math:`\\alpha = e^{m_{old} - m_{new}}` (0 on the first tile, where
+    :math:`m_{old} = -\\infty`): the values of :func:`online_softmax_states`."""
     if scores is None:
         scores = [0.3, 1.2, -0.4, 0.8, 2.1, 0.5, -1.0, 1.6, 0.9, 2.6, 0.1, -0.7]
     scores = [float(x) for x in scores]
@@ -83,25 +93,21 @@ def draw_online_softmax_state(
     cell = width / n
     fig, ax = canvas(
         width,
-        8.2,
-        figsize=(6.4, 4.6),
+        9.4,
+        figsize=(6.4, 5.0),
         title="Online softmax: the running state, tile by tile",
     )
     colors = [PALETTE[t % len(PALETTE)] for t in range(tiles)]
-    row = [[colors[j // block] for j in range(n)]]
-    top = 6.3
-    row = [[_light(c) for c in row[0]]]
-    cells(
-        ax, row, x=0, y=top, size=cell, labels=[f"{x:.1f}" for x in scores], fontsize=9
-    )
+    top = 7.5
+    row = [[_light(colors[j // block]) for j in range(n)]]
+    cells(ax, row, x=0, y=top, size=cell, labels=[_num(x, 1) for x in scores])
     text(
         ax,
         width / 2,
-        top + cell + 0.35,
-        "scores s_j of one query row (keys left to right)",
-        fontsize=9,
+        top + cell + 0.4,
+        r"scores $z_j$ of one query row, keys left to right",
     )
-    box_w, box_h, y_box = 3.2, 2.3, 2.3
+    box_w, box_h, y_box = 3.3, 2.5, 3.3
     slot = width / tiles
     centers = []
     for t, st in enumerate(states):
@@ -110,13 +116,11 @@ def draw_online_softmax_state(
         arrow(ax, (x_mid, top - 0.05), (cx, y_box + box_h + 0.05), color=colors[t])
         label = (
             f"tile {t + 1}\n"
-            f"m = {st['m']:.2f}\n"
-            f"\u2113 = {st['l']:.2f}\n"
-            f"\u03b1 = {st['alpha']:.2f}"
+            f"$m$ = {_num(st['m'])}\n"
+            f"$\\ell$ = {_num(st['l'])}\n"
+            f"$\\alpha$ = {_num(st['alpha'])}"
         )
-        box(
-            ax, cx - box_w / 2, y_box, box_w, box_h, label, color=colors[t], fontsize=10
-        )
+        box(ax, cx - box_w / 2, y_box, box_w, box_h, label, color=colors[t])
         centers.append(cx)
     for t in range(1, tiles):
         arrow(
@@ -124,22 +128,17 @@ def draw_online_softmax_state(
             (centers[t - 1] + box_w / 2, y_box + box_h / 2),
             (centers[t] - box_w / 2, y_box + box_h / 2),
         )
-    text(
-        ax,
-        width / 2,
-        1.45,
-        "\u03b1 = exp(m_old \u2212 m_new) rescales \u2113 and acc before the tile adds",
-        fontsize=9,
-    )
-    text(
-        ax,
-        width / 2,
-        0.75,
-        "\u2113 \u2190 \u03b1\u2113 + \u03a3 exp(s_j \u2212 m_new),   "
-        "acc \u2190 \u03b1\u00b7acc + \u03a3 exp(s_j \u2212 m_new) v_j",
-        fontsize=9,
-    )
-    text(ax, width / 2, 0.1, "after the last tile: output = acc / \u2113", fontsize=9)
+    # exp(...) rather than e^{...}: a script inside a superscript is too small to read
+    new = r"m_{\mathrm{new}}"
+    lines = [
+        rf"$\alpha = \exp(m_{{\mathrm{{old}}}} - {new})$ rescales $\ell$ and $o$;"
+        r" first tile: $m_{\mathrm{old}} = -\infty$, $\alpha = 0$",
+        rf"$\ell \leftarrow \alpha\,\ell + \sum_j \exp(z_j - {new})$",
+        rf"$o \leftarrow \alpha\,o + \sum_j \exp(z_j - {new})\,v_j$;"
+        r"  after the last tile, output $o\,/\,\ell$",
+    ]
+    for k, line in enumerate(lines):
+        text(ax, width / 2, 2.45 - 0.95 * k, line)
     return fig
 
 
@@ -190,14 +189,14 @@ def draw_flash_tiles(
     # main memory, left
     box(ax, 0.1, 0.1, 5.3, 8.6, "", color=MUTED, fill=0.25)
     text(ax, 2.75, 8.35, "main memory (HBM)", fontsize=10)
-    h = 6.6
+    h = 6.15
     names = [
         ("Q", n_q, 1, PALETTE[0]),
         ("K", n_k, 0, PALETTE[1]),
         ("V", n_k, 0, PALETTE[1]),
         ("O", n_q, 1, PALETTE[2]),
     ]
-    col_w, gap, x0, y0 = 0.8, 0.35, 0.45, 1.3
+    col_w, gap, x0, y0 = 0.8, 0.35, 0.45, 1.75
     centers = {}
     for c, (name, nb, hi, color) in enumerate(names):
         x = x0 + c * (col_w + gap)
@@ -230,7 +229,7 @@ def draw_flash_tiles(
         fill=0.7,
         rounded=False,
     )
-    text(ax, x_lse + 0.15, y0 - 0.35, "lse", fontsize=9)
+    text(ax, x_lse + 0.15, y0 - 0.35, r"$\lambda$")
     # on chip, right
     box(ax, 7.0, 0.1, 4.9, 8.6, "", color=PALETTE[3], fill=0.10)
     text(ax, 9.45, 8.35, "on chip (fast memory)", fontsize=10)
@@ -271,14 +270,14 @@ def draw_flash_tiles(
         1.0,
         bw,
         1.5,
-        "m, \u2113, acc per row:\nO block and lse\nwritten once",
+        "$m$, $\\ell$, $o$ per row;\n$O$ block and $\\lambda$\nwritten once",
         color=PALETTE[2],
         fontsize=9,
     )
-    arrow(ax, (5.45, 7.0), (bx, 7.0), "Q_i", color=PALETTE[0])
-    arrow(ax, (5.45, 5.3), (bx, 5.3), "K_j, V_j", color=PALETTE[1])
-    arrow(ax, (bx, 1.75), (5.45, 1.75), "O_i, lse_i", color=PALETTE[2])
-    text(ax, 2.75, 0.45, f"N = {seq_len}: {n_q} Q blocks, {n_k} KV blocks", fontsize=9)
+    arrow(ax, (5.45, 7.0), (bx, 7.0), "$Q_i$", color=PALETTE[0])
+    arrow(ax, (5.45, 5.3), (bx, 5.3), "$K_j$, $V_j$", color=PALETTE[1])
+    arrow(ax, (bx, 1.75), (5.45, 1.75), r"$O_i$, $\lambda_i$", color=PALETTE[2])
+    text(ax, 2.75, 0.6, f"$L = S$ = {seq_len}:\n{n_q} $Q$ blocks, {n_k} $K, V$ blocks")
     return fig
 
 
@@ -353,16 +352,13 @@ def draw_ring_attention(world_size: int = 4) -> Figure:
         f"{W - 1} passes: every Q meets every KV",
         fontsize=9,
     )
-    text(
-        ax, 6.0, 0.9, "each step: attend Q_r to the block held, then merge", fontsize=9
-    )
+    text(ax, 6.0, 0.9, r"each step: attend $Q_r$ to the block held, then merge")
     text(
         ax,
         6.0,
         0.3,
-        "\u03bb = log(e^\u03bb_a + e^\u03bb_b),  "
-        "\u014d = e^(\u03bb_a\u2212\u03bb) \u014d_a"
-        " + e^(\u03bb_b\u2212\u03bb) \u014d_b",
+        r"$\lambda = \log(\exp\lambda_a + \exp\lambda_b)$,  "
+        r"$o = \exp(\lambda_a - \lambda)\,o_a + \exp(\lambda_b - \lambda)\,o_b$",
         fontsize=9,
         color=INK,
     )
