@@ -279,6 +279,10 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 _LOG2E = math.log2(math.e)
+#: Software-pipeline depth of the forward kernel: while one tile of keys and values
+#: is used, the next is already loading into shared memory. The backward kernels
+#: keep Triton's default. ``tools/gpu_report.py`` compiles with what the launchers use.
+FORWARD_STAGES = 2
 
 
 class Flat(NamedTuple):
@@ -295,7 +299,7 @@ class Flat(NamedTuple):
 
 
 def _launch_args(
-    p: Flat,
+    p: Flat, *, backward: bool = False
 ) -> tuple[
     torch.Tensor,
     tuple[int, ...],
@@ -303,7 +307,16 @@ def _launch_args(
     tuple[int, int],
     dict[str, Any],
 ]:
-    """What the three attention kernels share: the strides and the constants."""
+    """What the three attention kernels share: the strides and the constants.
+
+    The tiles are sized for the smallest GPU targeted, the A100 (sm_80: 163 KiB of
+    shared memory per block, 255 registers per thread), as ``make gpu-report`` checks
+    for sm_80, sm_90 and sm_100: 64-row tiles while a row of the widest tile takes at
+    most 256 bytes (head dimension 128 in 16-bit types, 64 in float32), 32-row tiles
+    beyond; 8 warps for the backward kernels at that width, whose two float32
+    accumulators would otherwise spill registers on sm_80; and 16-row tiles for the
+    float32 backward, whose exact products run on the FMA units and need the most
+    registers."""
     R, S, D, DV = p.q.shape[1], p.k.shape[1], p.q.shape[2], p.v.shape[2]
     if p.keep is not None:
         mask = p.keep.view(torch.uint8)  # bool as bytes: a view, no copy
@@ -312,7 +325,9 @@ def _launch_args(
     period, offset = (1, 0) if p.causal is None else p.causal
     block_d = max(16, triton.next_power_of_2(D))
     block_dv = max(16, triton.next_power_of_2(DV))
-    block = 64 if max(block_d, block_dv) <= 128 else 32
+    row_bytes = max(block_d, block_dv) * p.q.element_size()
+    exact = p.q.dtype == torch.float32  # "ieee" products: FMAs, no tensor cores
+    block = 16 if exact and backward else 64 if row_bytes <= 256 else 32
     strides = (*p.q.stride(), *p.k.stride(), *p.v.stride(), *mask.stride())
     consts: dict[str, Any] = {
         "HAS_MASK": p.keep is not None,
@@ -322,7 +337,7 @@ def _launch_args(
         "BLOCK_N": block,
         "BLOCK_D": block_d,
         "BLOCK_DV": block_dv,
-        "num_warps": 4,
+        "num_warps": 8 if backward and not exact and row_bytes >= 256 else 4,
     }
     return mask, strides, (R, S, D, DV), (period, offset), consts
 
@@ -339,7 +354,8 @@ def flash_forward(p: Flat) -> tuple[torch.Tensor, torch.Tensor]:
         grid = (triton.cdiv(R, consts["BLOCK_M"]), BH)
         _flash_attention_kernel[grid](
             p.q, p.k, p.v, mask, out, lse, *strides, *out.stride(),
-            *sizes, float(p.scale * _LOG2E), *causal, num_stages=2, **consts,
+            *sizes, float(p.scale * _LOG2E), *causal, num_stages=FORWARD_STAGES,
+            **consts,
         )  # fmt: skip
     return out, lse
 
@@ -361,7 +377,7 @@ def flash_backward(
     lse2 = (lse.float() * _LOG2E).masked_fill(torch.isneginf(lse), 0.0).contiguous()
     delta = delta.float().contiguous()
     grad_out = grad_out.to(p.q.dtype)
-    mask, strides, sizes, causal, consts = _launch_args(p)
+    mask, strides, sizes, causal, consts = _launch_args(p, backward=True)
     common = (*strides, *grad_out.stride(), *sizes, float(p.scale))
     common += (float(p.scale * _LOG2E), *causal)
     _flash_attention_dkdv_kernel[(triton.cdiv(S, consts["BLOCK_N"]), BH)](
