@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ._numerics import acc_dtype
 from ._validate import (
     check_float,
     check_nonnegative,
@@ -87,7 +88,7 @@ def _reduce(per_row: Tensor, counted: Tensor, reduction: str) -> Tensor:
 
 def _upcast(x: Tensor) -> Tensor:
     # Losses are sums of many terms: float16/bfloat16 logits are upcast.
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return x.to(acc_dtype(x.dtype))
 
 
 def label_smoothed_cross_entropy(
@@ -401,7 +402,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         cap: float | None,
         ignore_index: int,
     ) -> tuple[Tensor, Tensor]:
-        acc = torch.promote_types(hidden.dtype, torch.float32)
+        acc = acc_dtype(hidden.dtype)
         N = hidden.shape[0]
         losses = torch.zeros(N, dtype=acc, device=hidden.device)
         lse = torch.zeros(N, dtype=acc, device=hidden.device)

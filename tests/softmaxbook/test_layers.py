@@ -10,7 +10,9 @@ imports included, since they hide cycles from a plain import), and:
   modules share lives in ``softmaxbook._validate``;
 - the kernels import nothing of the library but ``_validate`` and themselves;
 - no module imports the package ``softmaxbook`` itself (the public API is the
-  layer above the modules, not below).
+  layer above the modules, not below);
+- the layer table of ``lib/README.md`` names every module, and no module imports
+  one of a layer below it in that table.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ast
 import importlib
 import importlib.util
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,7 +129,7 @@ def test_no_module_imports_a_private_name_of_another():
 
 
 def test_kernels_import_only_the_shared_checks():
-    allowed = {f"{ROOT}._validate", f"{ROOT}.kernels"}
+    allowed = {f"{ROOT}._validate", f"{ROOT}._numerics", f"{ROOT}.kernels"}
     for module in MODULES:
         if module.startswith(f"{ROOT}.kernels"):
             outside = {
@@ -140,7 +143,12 @@ def test_kernels_import_only_the_shared_checks():
 def test_normalizers_import_only_the_policy_layer():
     # The normalizers sit below masking and attention (lib/README.md): they import
     # the argument checks, the API's change policy and each other, nothing above.
-    allowed = {f"{ROOT}._validate", f"{ROOT}._api", f"{ROOT}.normalizers"}
+    allowed = {
+        f"{ROOT}._validate",
+        f"{ROOT}._numerics",
+        f"{ROOT}._api",
+        f"{ROOT}.normalizers",
+    }
     modules = [m for m in MODULES if m.startswith(f"{ROOT}.normalizers")]
     assert f"{ROOT}.normalizers._policy" in modules
     for module in modules:
@@ -163,8 +171,10 @@ ATTENTION_ENTRY_POINTS = (
 
 def test_every_attention_entry_point_resolves_its_arguments_in_one_place():
     resolver = f"{ROOT}.attention._args"
-    # The resolver sits at the bottom of the attention layer: the checks, torch.
-    assert set(GRAPH[resolver]) <= {f"{ROOT}._validate"}, GRAPH[resolver]
+    # The resolver sits at the bottom of the attention layer: the checks, the
+    # shared numerics, torch.
+    bottom = {f"{ROOT}._validate", f"{ROOT}._numerics"}
+    assert set(GRAPH[resolver]) <= bottom, GRAPH[resolver]
     missing = [
         name
         for name in ATTENTION_ENTRY_POINTS
@@ -216,3 +226,65 @@ def test_importing_every_module_of_the_library_leaves_the_harness_alone():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", f"softmaxbook imports {done.stdout}"
+
+
+# ---------------------------------------------------------------------------------
+# The layer table of lib/README.md
+# ---------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "lib" / "README.md"
+
+
+def _layer_table() -> list[tuple[str, list[str]]]:
+    """``(layer, modules)`` for each row of the module map, in order (bottom first)."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## `softmaxbook`: the module map", 1)[1]
+    section = section.split("\n#", 1)[0]  # up to the next heading
+    rows, layer = [], ""
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or cells[0] in {"Layer", "---"}:
+            continue
+        layer = cells[0] or layer
+        names = re.findall(r"`([a-z_][a-z_.]*)`", cells[1])
+        rows.append((layer, [f"{ROOT}.{name}" for name in names]))
+    return rows
+
+
+TABLE = _layer_table()
+LAYERS = list(dict.fromkeys(layer for layer, _ in TABLE))
+PLACED = {module: layer for layer, modules in TABLE for module in modules}
+
+
+def _layer(module: str) -> str | None:
+    """The layer of ``module``: its own row, or the row of its nearest package."""
+    name = module
+    while name != ROOT:
+        if name in PLACED:
+            return PLACED[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def test_the_layer_table_is_read():
+    assert LAYERS[:3] == ["policy", "kernels", "normalizers"] and "attention" in LAYERS
+    assert PLACED[f"{ROOT}.attention._args"] == "attention"
+    assert _layer(f"{ROOT}.attention.flash._tiles") == "attention"
+
+
+def test_the_layer_table_names_real_modules_and_every_module():
+    unknown = sorted(name for name in PLACED if name not in MODULES)
+    assert not unknown, f"lib/README.md names modules that do not exist: {unknown}"
+    missing = sorted(module for module in MODULES if _layer(module) is None)
+    assert not missing, f"modules missing from lib/README.md's layer table: {missing}"
+
+
+def test_no_module_imports_a_layer_below_it():
+    # Below = later in the table: the table reads bottom (policy) to top (grader).
+    offences = []
+    for module in MODULES:
+        mine = LAYERS.index(_layer(module))
+        for target in GRAPH[module]:
+            if LAYERS.index(_layer(target)) > mine:
+                offences.append(f"{module} ({LAYERS[mine]}) imports {target}")
+    assert not offences, "\n".join(offences)

@@ -33,9 +33,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._numerics import causal_offset
 from .._validate import check_causal, check_gqa_heads, check_positive, check_qkv
 
-__all__ = ["AttentionArgs", "resolve_attention", "ATTENTION_OPTIONS"]
+__all__ = [
+    "AttentionArgs",
+    "resolve_attention",
+    "rebuild_attention",
+    "ATTENTION_OPTIONS",
+]
 
 #: The options an entry point may declare ``unsupported``, and how each is named in
 #: the error.
@@ -87,7 +93,7 @@ class AttentionArgs(NamedTuple):
         """The ``(L, S)`` boolean causal mask of the alignment, or None."""
         if self.causal is None:
             return None
-        offset = 0 if self.causal == "top_left" else self.S - self.L
+        offset = causal_offset(self.causal, self.L, self.S)
         rows = torch.arange(self.L, device=device).unsqueeze(-1)  # (L, 1)
         return torch.arange(self.S, device=device) <= rows + offset  # (L, S)
 
@@ -227,6 +233,29 @@ def resolve_attention(
     return AttentionArgs(
         batch, L, S, scale, causal, mask, additive, sinks, groups, dropout_p
     )
+
+
+def rebuild_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    sinks: Tensor | None,
+    causal: str | None,
+    scale: float,
+    groups: int,
+) -> AttentionArgs:
+    """The :class:`AttentionArgs` of a call that :func:`resolve_attention` has
+    already checked, from its resolved parts (shapes only: nothing is checked
+    again). A custom operator gets its arguments as tensors and numbers; this
+    gives it back the resolved call."""
+    qb, kb, vb = tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])
+    if groups > 1:
+        kb, vb = kb[:-1] + (kb[-1] * groups,), vb[:-1] + (vb[-1] * groups,)
+    batch = qb if qb == kb == vb else tuple(torch.broadcast_shapes(qb, kb, vb))
+    additive = mask is not None and mask.dtype != torch.bool
+    L, S = q.shape[-2], k.shape[-2]
+    return AttentionArgs(batch, L, S, scale, causal, mask, additive, sinks, groups, 0.0)
 
 
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

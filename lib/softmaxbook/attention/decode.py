@@ -28,6 +28,7 @@ from itertools import pairwise
 import torch
 from torch import Tensor
 
+from .._numerics import acc_dtype, causal_offset
 from .._validate import (
     check_causal,
     check_positive_int,
@@ -123,7 +124,7 @@ def aligned_causal_mask(
     if not isinstance(align, str):
         raise TypeError(f"align must be a str, got {type(align).__name__}")
     # the same names is_causal takes
-    offset = 0 if check_causal(align) == "top_left" else S - L
+    offset = causal_offset(check_causal(align) or "bottom_right", L, S)
     rows = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
     return torch.arange(S, device=device) <= rows + offset  # (L, S)
 
@@ -228,7 +229,7 @@ def split_k_attention(
     # rounding each one would add a rounding error per level of the merge tree. So
     # each chunk is attended in that dtype (for half-precision input, a float32
     # copy of the chunk's keys and values while it is attended).
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = acc_dtype(q.dtype)
     q_acc = q.to(acc)
     if mask is not None and mask.is_floating_point():
         mask = mask.to(acc)  # a float mask is added in the chunks' dtype

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._numerics import acc_dtype
 from .._validate import check_dim, check_float, check_positive_int
 
 __all__ = ["online_softmax", "merge_attention_states"]
@@ -39,23 +40,44 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor
     block_size = check_positive_int(block_size, "block_size")
     if x.dim() == 0:  # one row of one entry, as for softmax
         return online_softmax(x.reshape(1), 0, block_size=block_size).reshape(())
-    acc = torch.promote_types(x.dtype, torch.float32)
+    acc = acc_dtype(x.dtype)
     xt = x.movedim(dim, -1).to(acc)  # (..., N)
     m = torch.full(xt.shape[:-1] + (1,), float("-inf"), dtype=acc, device=x.device)
     d = torch.zeros_like(m)
     for start in range(0, xt.shape[-1], block_size):
-        block = xt[..., start : start + block_size]
-        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        # An all -inf prefix has m_new = -inf: shift by 0 instead, so that
-        # exp(-inf - (-inf)) = nan never happens.
-        shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-        d = d * torch.exp(m - shift) + torch.exp(block - shift).sum(
-            dim=-1, keepdim=True
-        )
-        m = m_new
+        m, alpha, p = online_step(m, xt[..., start : start + block_size])
+        d = d * alpha + p.sum(dim=-1, keepdim=True)
     shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     p = torch.exp(xt - shift) / torch.where(d > 0, d, torch.ones_like(d))
     return p.to(x.dtype).movedim(-1, dim)
+
+
+def online_step(
+    m: Tensor, s: Tensor, *, base2: bool = False, inplace: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""One step of the online softmax: a new block of scores ``s`` ``(..., n)``
+    meets the running maximum ``m`` ``(..., 1)``.
+
+    Returns ``(m', alpha, p)``: the new maximum :math:`m' = \max(m, \max_j s_j)`,
+    the factor :math:`\alpha = e^{m - m'}` that rescales the running sums (and
+    outputs) to it, and the block's weights :math:`p_j = e^{s_j - m'}`. A row
+    with no key so far has :math:`m' = -\infty`: it is shifted by 0, so that
+    :math:`e^{-\infty - (-\infty)}` (nan) never happens. With ``base2`` the
+    scores are in base 2 (``exp2``); with ``inplace``, ``p`` overwrites ``s``.
+
+    Every loop of the library that streams scores uses this step: the online
+    softmax above, :func:`~softmaxbook.flash_attention`'s tile loops and
+    :func:`~softmaxbook.flash_attention_steps`.
+    """
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    shift = m_new.masked_fill(torch.isneginf(m_new), 0.0)
+    exp = torch.exp2 if base2 else torch.exp
+    alpha = exp(m - shift)
+    if inplace:
+        p = s.sub_(shift).exp2_() if base2 else s.sub_(shift).exp_()
+    else:
+        p = exp(s - shift)
+    return m_new, alpha, p
 
 
 def merge_attention_states(
@@ -146,9 +168,7 @@ def merge_attention_states(
             f"out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} "
             "do not broadcast"
         ) from None
-    acc = torch.promote_types(
-        torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32
-    )
+    acc = acc_dtype(lse_a.dtype, lse_b.dtype)
     la, lb = lse_a.to(acc), lse_b.to(acc)
     m = torch.maximum(la, lb)
     shift = m.masked_fill(

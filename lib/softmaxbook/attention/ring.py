@@ -34,13 +34,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .._api import renamed_keywords
+from .._numerics import acc_dtype
 from .._validate import check_positive, check_positive_int
 from ._args import resolve_attention
 from .flash import DEFAULT_BLOCK_SIZE, flash_attention, flash_attention_backward
 from .online import merge_attention_states
 
-__all__ = ["ring_attention", "run_ring_attention", "RingRun"]
+__all__ = ["ring_attention", "run_ring_attention", "RingRun", "block_owner"]
 
 
 def ring_attention(
@@ -153,6 +153,17 @@ def _world(group: Any) -> int:
     return dist.get_world_size(group)
 
 
+def block_owner(rank: int, step: int, world_size: int) -> int:
+    """The rank whose key/value block ``rank`` holds at ``step`` of the ring:
+    :math:`(r - t) \bmod W`, since each rank sends to ``rank + 1`` and receives
+    from ``rank - 1``.
+
+    >>> [block_owner(0, t, 4) for t in range(4)]
+    [0, 3, 2, 1]
+    """
+    return (rank - step) % world_size
+
+
 class _Ring:
     """Who this rank sends to and receives from, and one step of passing blocks."""
 
@@ -169,7 +180,7 @@ class _Ring:
 
     def owner(self, step: int) -> int:
         """The rank whose key block this rank holds at ``step``."""
-        return (self.rank - step) % self.world
+        return block_owner(self.rank, step, self.world)
 
     def start(self, tensors: list[Tensor]) -> tuple[Any, list[Tensor]]:
         """Send ``tensors`` on and receive the previous rank's; returns the pending
@@ -205,7 +216,7 @@ class _RingAttention(torch.autograd.Function):
         block_size: int | tuple[int, int] | None,
     ) -> tuple[Tensor, Tensor]:
         ring = _Ring(group)
-        acc = torch.promote_types(q.dtype, torch.float32)
+        acc = acc_dtype(q.dtype)
         q_acc = q.to(acc)
         blocks = [k.contiguous(), v.contiguous()]
         out: Tensor | None = None
@@ -249,7 +260,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         is_causal, scale, group, block_size = ctx.args
         ring = _Ring(group)
-        acc = torch.promote_types(q.dtype, torch.float32)
+        acc = acc_dtype(q.dtype)
         q_acc, grad_out = q.to(acc), grad_out.to(acc)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         blocks = [k.contiguous(), v.contiguous()]
@@ -297,7 +308,6 @@ class RingRun(NamedTuple):
     peak_bytes: list[int] | None
 
 
-@renamed_keywords(grad_out="grad_output")
 def run_ring_attention(
     q: Tensor,
     k: Tensor,
@@ -481,7 +491,7 @@ def _reset_peak() -> bool:
 def _numpy(t: Tensor) -> Any:
     """``t`` as a NumPy array, half precision widened exactly to float32 (NumPy has no
     bfloat16); :func:`run_ring_attention` casts the results back."""
-    return t.detach().to(torch.promote_types(t.dtype, torch.float32)).numpy()
+    return t.detach().to(acc_dtype(t.dtype)).numpy()
 
 
 def _worker(

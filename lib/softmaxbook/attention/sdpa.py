@@ -12,7 +12,7 @@ sparsemax, entmax and others by name, and any callable
 Two paths compute it. Where torch's fused kernel computes exactly the same
 thing (softmax, no sinks, no returned weights, ``(B, H, L, D)`` CPU tensors,
 finite scores), the call is handed to
-``torch.nn.functional.scaled_dot_product_attention``: the ``fused`` path, as
+``torch.nn.functional.scaled_dot_product_attention``: the ``torch-fused`` path, as
 fast as torch in a training loop. Everywhere else, and always with
 ``explicit=True``, the scores, the weights and their average are computed in
 the open: the ``explicit`` path, the one the chapters read and test.
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import normalizers
+from .._numerics import functorch_active
 from .._validate import zero_empty_rows
 from ..kernels.dispatch import SDPA_OP, register_explainer, sdpa_decision
 from ..masking import masked_softmax
@@ -109,7 +110,7 @@ def scaled_dot_product_attention(
     normalizer, no ``sinks``, no ``return_weights``, ``(B, H, L, D)`` tensors
     on the CPU, an output that is all finite), the call is handed to
     ``torch.nn.functional.scaled_dot_product_attention`` after the same
-    argument checks: the *fused* path, which runs a training step as fast as
+    argument checks: the *torch-fused* path, which runs a training step as fast as
     torch does, float masks and dropout included. Everything else takes the
     *explicit* path above, and ``explicit=True`` forces it;
     ``sb.explain_dispatch("scaled_dot_product_attention", q, k, v,
@@ -218,7 +219,7 @@ def scaled_dot_product_attention(
         return_weights, enable_gqa, dropout_p, explicit,
     )  # fmt: skip
     args = call.args
-    if call.path == "fused":
+    if call.path == "torch-fused":
         # Dropout draws from the random state: a recomputation draws the same.
         state = torch.get_rng_state() if args.dropout_p else None
         out = _fused(q, k, v, args, enable_gqa)
@@ -300,7 +301,7 @@ def _resolve(
         ndims=(q.dim(), k.dim(), v.dim()),
         empty=q.numel() == 0 or k.numel() == 0 or v.numel() == 0,
         dtype=q.dtype,
-        transforms=_functorch_active(),
+        transforms=functorch_active(),
         bounded=lambda: True,  # the call checks the fused output instead
     )
     return _Resolved(path, reason, args, name, normalize, is_softmax)
@@ -333,7 +334,7 @@ def _resolve_path(
         q, k, v, mask, attn_mask, is_causal, scale, normalizer, sinks,
         return_weights, enable_gqa, dropout_p, explicit,
     )  # fmt: skip
-    if call.path == "fused":
+    if call.path == "torch-fused":
         with torch.no_grad():
             args = call.args._replace(dropout_p=0.0)
             finite = _finite(_fused(q, k, v, args, enable_gqa))
@@ -350,11 +351,6 @@ def _resolve_path(
             bounded=lambda: finite,
         )
     return call.path, call.reason
-
-
-def _functorch_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active and active())
 
 
 def _explicit(

@@ -28,6 +28,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from .._numerics import causal_offset
 from .._validate import check_attention_args, check_causal, check_dim, check_float
 from . import dispatch
 from .dispatch import (
@@ -50,6 +51,7 @@ __all__ = [
     "explain_dispatch",
     "DispatchDecision",
     "kernel_source",
+    "flash_launch_config",
 ]
 
 
@@ -261,7 +263,7 @@ def triton_flash_attention(
     def flat(t: Tensor) -> Tensor:  # (..., n, d) broadcast to the batch -> (BH, n, d)
         return t.expand(batch + t.shape[-2:]).reshape((BH,) + t.shape[-2:])
 
-    causal = None if align is None else (L, 0 if align == "top_left" else S - L)
+    causal = None if align is None else (L, causal_offset(align, L, S))
     mask3 = None if keep is None else keep.reshape(BH, L, S)
     out, lse = triton_flash_forward(
         flat(q), flat(k), flat(v), mask=mask3, causal=causal, scale=scale
@@ -386,3 +388,36 @@ def kernel_source(name: str) -> str:
     start = text.index(f"@triton.jit\ndef {names[name]}(")
     end = text.find("\n\n\n", start)
     return text[start : end if end != -1 else len(text)].rstrip() + "\n"
+
+
+def flash_launch_config(
+    head_dim: int, dtype: torch.dtype = torch.float32, *, backward: bool = False
+) -> dict[str, int]:
+    """The tiles and stages the Triton FlashAttention kernels launch with.
+
+    Read from the kernels' own launch rule for a problem of this head dimension
+    and dtype (Triton is imported, no GPU needed), so that a diagram or a table
+    shows what the GPU kernel really uses: ``BLOCK_M`` query rows and
+    ``BLOCK_N`` keys per tile, the head dimensions padded to ``BLOCK_D`` and
+    ``BLOCK_DV``, ``num_stages`` of the forward pass's pipeline and, with
+    ``backward=True``, the backward kernels' ``num_warps``.
+
+    Raises
+    ------
+    ImportError
+        Where Triton is not installed.
+    ValueError
+        If ``head_dim`` is not an int >= 1.
+    """
+    from .._validate import check_positive_int
+
+    head_dim = check_positive_int(head_dim, "head_dim")
+    triton = _backend()
+    x = torch.zeros(1, 1, head_dim, dtype=dtype)
+    problem = triton.Flat(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
+    consts = triton._launch_args(problem, backward=backward)[-1]
+    config = {k: int(v) for k, v in consts.items() if k.startswith("BLOCK_")}
+    config["num_stages"] = int(triton.FORWARD_STAGES)
+    if "num_warps" in consts:
+        config["num_warps"] = int(consts["num_warps"])
+    return config

@@ -1,23 +1,28 @@
-"""Which code path a call takes: a Triton kernel, or the library's torch code.
+"""Which implementation a call runs, and why: the one dispatch module.
 
-The rule lives next to the kernels it routes to, and it reads only facts
-about the arguments (device, dtype, whether a gradient is needed, shapes),
-so :func:`explain_dispatch` reports exactly what the library does, and the
-rule is tested on plain facts, without a GPU.
+Every choice of implementation in the library is made here, on plain facts
+about the call (device, dtype, whether a gradient is needed, shapes, the
+options), so :func:`explain_dispatch` reports exactly what the library does,
+and each rule is tested on plain facts, without a GPU. The paths have one
+vocabulary, :data:`PATHS`:
 
-Of the two operations with a Triton kernel, only
-:func:`~softmaxbook.flash_attention` dispatches on its own (a fused kernel is
-its purpose): to the Triton kernels on CUDA, to torch's own CPU FlashAttention
-kernel where that computes the same thing (``path="fused"``), and otherwise to
-the library's tile loops (``"torch"``; ``"dropout"`` when it drops weights).
-The softmax kernel is opt-in: :func:`~softmaxbook.kernels.fused_softmax`
-applies this rule, :func:`~softmaxbook.softmax` never does.
+- ``"triton"``: the library's Triton kernels, on a CUDA GPU;
+- ``"torch-fused"``: torch's own fused kernel
+  (``torch.nn.functional.scaled_dot_product_attention``, or on the CPU
+  ``aten::_scaled_dot_product_flash_attention_for_cpu``), where it computes
+  the same thing;
+- ``"tiles"``: the library's FlashAttention tile loops in torch: no ``(L, S)``
+  matrix is formed;
+- ``"explicit"``: the library's torch code with every intermediate formed (the
+  scores and weights of attention, the row of a softmax).
 
-:func:`~softmaxbook.scaled_dot_product_attention` has a rule of its own
-(``sdpa_decision``): where the semantics are the same (the softmax
-normalizer, no sinks, no returned weights, finite scores) it hands the work to
-torch's fused kernel, ``path="fused"``; otherwise it computes the scores, the
-weights and their average in the open, ``path="explicit"``.
+:func:`~softmaxbook.scaled_dot_product_attention` takes ``"torch-fused"`` or
+``"explicit"`` (:func:`sdpa_decision`); :func:`~softmaxbook.flash_attention`
+takes ``"triton"``, ``"torch-fused"`` or ``"tiles"``, and ``"explicit"`` when it
+drops weights (:func:`flash_decision`); the opt-in softmax kernel
+(:func:`~softmaxbook.kernels.fused_softmax`) takes ``"triton"`` or
+``"explicit"`` (:func:`kernel_decision`), and :func:`~softmaxbook.softmax`
+never dispatches.
 """
 
 from __future__ import annotations
@@ -31,6 +36,44 @@ from typing import Any
 import torch
 
 __all__ = ["explain_dispatch", "DispatchDecision", "triton_available"]
+
+#: The paths a call may take (the module docstring says what each one runs).
+PATHS: dict[str, str] = {
+    "triton": "the library's Triton kernels, on a CUDA GPU",
+    "torch-fused": "torch's own fused attention kernel",
+    "tiles": "the library's FlashAttention tile loops in torch",
+    "explicit": "the library's torch code, every intermediate formed",
+}
+
+#: The 0.2 names of the paths, which ``DispatchDecision.path`` still compares
+#: equal to until 0.4 (``softmaxbook._api.DEPRECATIONS``): ``"fused"`` was
+#: torch's kernel, ``"torch"`` the library's torch code, ``"dropout"`` the weights
+#: formed to drop them.
+OLD_PATH_NAMES: dict[str, frozenset[str]] = {
+    "fused": frozenset({"torch-fused"}),
+    "torch": frozenset({"tiles", "explicit"}),
+    "dropout": frozenset({"explicit"}),
+}
+
+
+class DispatchPath(str):
+    """A name of :data:`PATHS`; equal to its 0.2 name too, until 0.4."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str) and other in OLD_PATH_NAMES:
+            return str(self) in OLD_PATH_NAMES[other]
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
 
 #: Operations with a Triton kernel, and :func:`explain_dispatch`'s names for them.
 KERNEL_OPS = ("softmax", "flash_attention")
@@ -69,20 +112,19 @@ INTERPRETER_ENV_VAR = "TRITON_INTERPRET"
 class DispatchDecision:
     """Which implementation a call takes, and why.
 
-    ``path`` is ``"triton"`` (the fused kernels of :mod:`softmaxbook.kernels`)
-    or ``"torch"`` (the library's torch code); ``"flash_attention"`` may also
-    take ``"fused"`` (torch's own CPU FlashAttention kernel) or ``"dropout"``
-    (the weights formed and dropped); for ``"scaled_dot_product_attention"``
-    it is ``"fused"`` (torch's fused kernel,
-    ``torch.nn.functional.scaled_dot_product_attention``) or ``"explicit"``
-    (scores, weights and their average computed in the open).
-    ``reason`` is one sentence. ``str(decision)`` reads
-    ``"flash_attention -> torch: ..."``.
+    ``path`` is a name of :data:`PATHS`: ``"triton"``, ``"torch-fused"``,
+    ``"tiles"`` or ``"explicit"`` (see the module docstring). ``reason`` is one
+    sentence. ``str(decision)`` reads ``"flash_attention -> tiles: ..."``.
     """
 
     op: str
     path: str
     reason: str
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"path {self.path!r} is not one of {sorted(PATHS)}")
+        object.__setattr__(self, "path", DispatchPath(self.path))
 
     def __str__(self) -> str:
         return f"{self.op} -> {self.path}: {self.reason}"
@@ -122,16 +164,17 @@ def explain_dispatch(
     float16, bfloat16 or float32, the shape fits the kernel and, for
     ``"softmax"``, no gradient is needed (its kernel is forward-only;
     FlashAttention has a backward kernel too); otherwise the torch code, which
-    gives the same result up to rounding. For ``"flash_attention"`` that is
-    torch's own CPU kernel (``"fused"``) where it computes the same thing,
-    else the library's tile loops (``"torch"``, also forced by
-    ``explicit=True`` or ``block_size=``); pass its keyword arguments too.
+    gives the same result up to rounding: for ``"softmax"`` the ``"explicit"``
+    path; for ``"flash_attention"`` torch's own CPU kernel (``"torch-fused"``)
+    where it computes the same thing, else the library's tile loops
+    (``"tiles"``, also forced by ``explicit=True`` or ``block_size=``), and
+    ``"explicit"`` with ``dropout_p > 0``; pass its keyword arguments too.
 
     For ``"scaled_dot_product_attention"``, pass ``q, k, v`` and the keyword
     arguments of the call (``mask`` or ``attn_mask``, boolean or float,
     ``dropout_p``, ``is_causal``, ``normalizer``, ``sinks``,
     ``return_weights``, ``enable_gqa``, ``scale``, ``explicit``): the path is
-    ``"fused"`` (torch's fused kernel) when the semantics are the same, float
+    ``"torch-fused"`` (torch's fused kernel) when the semantics are the same, float
     masks and dropout included, ``"explicit"`` otherwise (see
     ``sdpa_decision``). The options are checked as the call checks them.
 
@@ -167,11 +210,11 @@ def explain_dispatch(
     >>> import torch, softmaxbook as sb
     >>> q = torch.randn(2, 4, 8, 16)
     >>> sb.explain_dispatch("scaled_dot_product_attention", q, q, q).path
-    'fused'
+    'torch-fused'
     >>> sb.explain_dispatch("flash_attention", q, q, q).path  # on the CPU
-    'fused'
+    'torch-fused'
     >>> sb.explain_dispatch("flash_attention", q, q, q, explicit=True).path
-    'torch'
+    'tiles'
     >>> sb.explain_dispatch(
     ...     "scaled_dot_product_attention", q, q, q, return_weights=True
     ... ).path
@@ -194,8 +237,9 @@ def explain_dispatch(
 
 
 def kernel_decision(op: str, *tensors: torch.Tensor) -> DispatchDecision:
-    """The kernels' own rule for ``op`` (a name in ``KERNEL_OPS``): ``"triton"`` or
-    ``"torch"``, from the tensors alone.
+    """The kernels' own rule for ``op`` (a name in ``KERNEL_OPS``): ``"triton"``, or
+    the library's torch code (``"explicit"`` for ``"softmax"``, ``"tiles"`` for
+    ``"flash_attention"``), from the tensors alone.
 
     :func:`explain_dispatch` answers with it for ``"softmax"``; the module that
     defines ``flash_attention`` starts its own explainer from it (a Triton kernel
@@ -243,7 +287,7 @@ def _decide(
     """
 
     def torch_path(reason: str) -> DispatchDecision:
-        return DispatchDecision(op, "torch", reason)
+        return DispatchDecision(op, "explicit" if op == "softmax" else "tiles", reason)
 
     if device_types != {"cuda"}:
         where = ", ".join(sorted(device_types))
@@ -289,10 +333,12 @@ def _decide(
 # scaled_dot_product_attention: torch's fused kernel, or the explicit computation
 # --------------------------------------------------------------------------------------
 
-#: The dtypes torch's fused CPU kernel takes (and the explicit path too).
-FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: The dtypes for which scaled_dot_product_attention hands a call to torch's
+#: ``scaled_dot_product_attention`` (which computes half precision as the explicit
+#: path does).
+SDPA_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-FUSED_REASON = (
+SDPA_TORCH_REASON = (
     "softmax attention without sinks or returned weights: torch's fused kernel "
     "(torch.nn.functional.scaled_dot_product_attention) computes the same thing"
 )
@@ -313,7 +359,7 @@ def sdpa_decision(
 ) -> tuple[str, str]:
     """The rule of :func:`~softmaxbook.scaled_dot_product_attention`, on plain facts.
 
-    Returns ``(path, reason)``: ``"fused"`` hands the call to torch's fused
+    Returns ``(path, reason)``: ``"torch-fused"`` hands the call to torch's fused
     kernel, ``"explicit"`` computes the scores, the weights and the output in
     the open. ``bounded`` is a callable that says whether the fused kernel's
     output is finite; it is called last, only when everything else allows the
@@ -358,7 +404,7 @@ def sdpa_decision(
         )
     if empty:
         return explicit_path("an empty dimension: nothing for a kernel to do")
-    if dtype not in FUSED_DTYPES:
+    if dtype not in SDPA_TORCH_DTYPES:
         return explicit_path(f"the fused kernel does not take {dtype}")
     if transforms:
         return explicit_path(
@@ -371,4 +417,112 @@ def sdpa_decision(
             "score, or an overflow): the call recomputes it explicitly, which keeps "
             "those of masked keys out of the output"
         )
-    return "fused", FUSED_REASON
+    return "torch-fused", SDPA_TORCH_REASON
+
+
+# --------------------------------------------------------------------------------------
+# flash_attention: Triton, torch's CPU FlashAttention kernel, or the tile loops
+# --------------------------------------------------------------------------------------
+
+#: The dtypes of torch's CPU FlashAttention kernel on flash_attention's torch-fused
+#: path: the tile loops compute float16 and bfloat16 in float32 and round once,
+#: which torch's CPU kernel does not promise.
+FLASH_TORCH_DTYPES = (torch.float32, torch.float64)
+
+FLASH_TORCH_REASON = (
+    "softmax attention on the CPU that torch's own FlashAttention kernel "
+    "(aten::_scaled_dot_product_flash_attention_for_cpu) computes the same way"
+)
+
+FLASH_EXPLICIT_REASON = (
+    "dropout_p > 0 drops weights, which the tiles never store: the weights are "
+    "formed, dropped as torch does (torch.dropout) and averaged, as in "
+    "torch.nn.functional.scaled_dot_product_attention"
+)
+
+
+def flash_decision(
+    *,
+    kernel: DispatchDecision,
+    dropout: bool,
+    tiled: bool,
+    additive: bool,
+    have_cpu_kernel: bool,
+    device_types: set[str],
+    transforms: bool,
+    sinks: bool,
+    dtype: torch.dtype,
+    ndims: tuple[int, ...],
+    same_head_size: bool,
+    grouped_with_mask_or_causal: bool,
+    same_batch: bool,
+    empty: bool,
+    bottom_right: bool,
+    mask_ndim_fits: bool,
+    has_mask: bool,
+    empty_row: Callable[[], bool],
+    finite: Callable[[], bool],
+) -> tuple[str, str]:
+    """The rule of :func:`~softmaxbook.flash_attention`, on plain facts.
+
+    Returns ``(path, reason)``. ``kernel`` is :func:`kernel_decision`'s answer
+    (the Triton kernels first). torch's CPU kernel is taken only where it gives
+    this library's results: no sinks, float32 or float64, one batch shape for q,
+    k and v (no broadcasting; grouped heads only without a mask or causality),
+    ``Dv == D``, torch's causal alignment, and no row with nothing to attend (the
+    kernel gives such a row a logsumexp of 0, not ``-inf``: ``empty_row`` is
+    asked last, since it reads the mask). With a mask, q and k must be finite
+    (``finite``): the kernel adds the mask, so a nan at a masked key would reach
+    the output.
+    """
+    if dropout:
+        return "explicit", FLASH_EXPLICIT_REASON
+    if kernel.path == "triton":
+        if additive:
+            return "tiles", "the Triton kernel takes a boolean mask, not a float one"
+        return kernel.path, kernel.reason
+
+    def tiles(reason: str) -> tuple[str, str]:
+        return "tiles", reason
+
+    if tiled:
+        return tiles("block_size= or explicit=True forces the library's tile loops")
+    if not have_cpu_kernel:
+        return tiles("this torch has no CPU FlashAttention operator")
+    if device_types != {"cpu"}:
+        return tiles(kernel.reason)
+    if transforms:
+        return tiles(
+            "a torch.func transform is active: the tile loops batch under vmap"
+        )
+    if sinks:
+        return tiles("sink logits are merged into the tile loops' state")
+    if dtype not in FLASH_TORCH_DTYPES:
+        return tiles(
+            f"{dtype}: the tile loops compute in float32 and round once to "
+            "the input's dtype"
+        )
+    if not all(2 <= n <= 4 for n in ndims) or len(set(ndims)) != 1:
+        return tiles("the fused kernel takes tensors of 2 to 4 dimensions, all alike")
+    if not same_head_size:
+        return tiles("the value head size differs from the query head size")
+    if grouped_with_mask_or_causal:
+        return tiles(
+            "grouped query heads with a mask or causality fold into the tiles' rows"
+        )
+    if not same_batch:
+        return tiles("the batch shapes of q, k and v differ (broadcasting)")
+    if empty:
+        return tiles("an empty dimension: nothing for a kernel to do")
+    if bottom_right:
+        return tiles("the fused kernel aligns a causal mask top-left only")
+    if has_mask:
+        if not mask_ndim_fits:
+            return tiles("the mask has more dimensions than q")
+        if empty_row():
+            return tiles("a row has nothing to attend: the tile loops give it zeros")
+        if not finite():
+            return tiles(
+                "q or k holds a nan or infinity, which a masked key must not pass on"
+            )
+    return "torch-fused", FLASH_TORCH_REASON

@@ -20,6 +20,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._numerics import acc_dtype
 from .._validate import (
     check_float,
     check_nonnegative,
@@ -338,7 +339,7 @@ def sample(
         )
     batch_shape = logits.shape[:-1]
     # Upcast before dividing: a float16 logit of 10 at T = 1e-4 would overflow.
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    z = logits.to(acc_dtype(logits.dtype))
     z = z if t == 1.0 else z / t
     if top_k is not None:
         z = top_k_filter(z, top_k)

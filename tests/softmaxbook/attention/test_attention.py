@@ -533,7 +533,7 @@ def test_fused_path_matches_explicit_forward_and_backward(
         mask = torch.rand(B, 1, L, S, generator=g) < 0.6
         mask[0, 0, 1] = False  # a query with nothing to attend
         options["mask"] = mask
-    assert _path(q, k, v, **options) == "fused", name
+    assert _path(q, k, v, **options) == "torch-fused", name
     calls = _spy(monkeypatch)
     fused = [t.clone().requires_grad_() for t in (q, k, v)]
     explicit = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -564,7 +564,7 @@ def test_fused_path_gives_zeros_for_fully_masked_rows(dtype):
         empty = (
             ~mask.any(-1) if "mask" in options else torch.arange(8)[:, None] < 2
         )  # (.., L, 1): rows 0 and 1 see no key when L = 8 > S = 6 bottom-right
-        assert _path(qq, k, v, **options) == "fused"
+        assert _path(qq, k, v, **options) == "torch-fused"
         leaves = [t.clone().requires_grad_() for t in (qq, k, v)]
         out = sb.scaled_dot_product_attention(*leaves, **options)
         rows = empty.expand(out.shape[:-1]) if "mask" in options else None
@@ -611,7 +611,7 @@ def test_non_finite_scores_take_the_explicit_path(monkeypatch):
     # scores that overflow the dtype: finite inputs, infinite products
     big = torch.full((1, 1, 2, 4), 1e20)
     assert _path(big, big, big) == "explicit"
-    assert _path(big / 1e20, big / 1e20, big) == "fused"
+    assert _path(big / 1e20, big / 1e20, big) == "torch-fused"
 
 
 @pytest.mark.parametrize(
@@ -639,7 +639,7 @@ def test_shapes_other_than_bhld_and_transforms_keep_the_explicit_path(monkeypatc
     decision = sb.explain_dispatch("scaled_dot_product_attention", q, k, v)
     assert decision.path == "explicit" and "(B, H, L, D)" in decision.reason
     q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
-    assert _path(q4, k4, v4) == "fused"
+    assert _path(q4, k4, v4) == "torch-fused"
     assert _path(q4[:, :, :0], k4, v4) == "explicit"  # no queries
     # Under torch.func transforms (hessian, jacrev of a gradient) the explicit path,
     # which is twice differentiable, runs.
@@ -666,7 +666,7 @@ def test_explicit_is_twice_differentiable():
 def test_fused_path_keeps_the_argument_errors():
     q, k, v = _qkv(60, (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6))
     attn = sb.scaled_dot_product_attention
-    assert _path(q, k, v) == "fused"
+    assert _path(q, k, v) == "torch-fused"
     with pytest.raises(TypeError, match="q must be a floating-point tensor"):
         attn(q.long(), k, v)
     with pytest.raises(TypeError, match="share a dtype"):
@@ -704,7 +704,7 @@ def test_softmax_is_softmax_however_it_is_named(spelling):
     decision = sb.explain_dispatch(
         "scaled_dot_product_attention", q, q, q, normalizer=normalizer
     )
-    assert decision.path == "fused"
+    assert decision.path == "torch-fused"
     sinks = torch.zeros(2)
     torch.testing.assert_close(
         sb.scaled_dot_product_attention(q, q, q, normalizer=normalizer, sinks=sinks),

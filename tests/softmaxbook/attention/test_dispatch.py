@@ -16,13 +16,13 @@ from softmaxbook.kernels import dispatch
 def test_cpu_tensors_take_the_torch_path():
     x = torch.randn(2, 3)
     decision = sb.explain_dispatch("softmax", x)
-    assert decision == sb.DispatchDecision("softmax", "torch", decision.reason)
+    assert decision == sb.DispatchDecision("softmax", "explicit", decision.reason)
     assert "CUDA devices only" in decision.reason and "on cpu" in decision.reason
-    assert str(decision).startswith("softmax -> torch: ")
+    assert str(decision).startswith("softmax -> explicit: ")
     q = torch.randn(1, 4, 8)
     # The kernels' rule: no Triton on the CPU (flash_attention then picks among
     # its CPU paths, see test_flash)
-    assert dispatch.kernel_decision("flash_attention", q, q, q).path == "torch"
+    assert dispatch.kernel_decision("flash_attention", q, q, q).path == "tiles"
     assert sb.explain_dispatch("flash_attention", q, q, q).path != "triton"
 
 
@@ -55,7 +55,7 @@ def test_decision_rule_takes_triton_on_cuda(op):
 )
 def test_decision_rule_falls_back_with_a_reason(overrides, reason):
     decision = dispatch._decide("flash_attention", **_facts(**overrides))
-    assert decision.path == "torch" and reason in decision.reason
+    assert decision.path == "tiles" and reason in decision.reason
 
 
 def test_a_gradient_keeps_flash_attention_on_triton_but_not_softmax():
@@ -64,16 +64,16 @@ def test_a_gradient_keeps_flash_attention_on_triton_but_not_softmax():
         "triton"
     )
     decision = dispatch._decide("softmax", **_facts(needs_grad=True))
-    assert decision.path == "torch" and "forward pass only" in decision.reason
+    assert decision.path == "explicit" and "forward pass only" in decision.reason
 
 
 def test_decision_rule_shape_limits():
     wide = dispatch._decide(
         "softmax", **_facts(width=dispatch.SOFTMAX_KERNEL_MAX_COLS + 1)
     )
-    assert wide.path == "torch" and "exceed" in wide.reason
+    assert wide.path == "explicit" and "exceed" in wide.reason
     deep = dispatch._decide("flash_attention", **_facts(width=512))
-    assert deep.path == "torch" and "head dimension 512" in deep.reason
+    assert deep.path == "tiles" and "head dimension 512" in deep.reason
 
 
 def test_explain_dispatch_sees_autograd_and_triton(monkeypatch):
@@ -110,13 +110,13 @@ def test_the_value_head_size_counts_too(monkeypatch):
     assert dispatch.kernel_decision("flash_attention", q, q, v)["width"] == 512
     monkeypatch.undo()
     deep_v = dispatch._decide("flash_attention", **_facts(width=512))
-    assert deep_v.path == "torch" and "512" in deep_v.reason
+    assert deep_v.path == "tiles" and "512" in deep_v.reason
 
 
 def test_the_interpreter_keeps_cuda_tensors_on_torch(monkeypatch):
     # TRITON_INTERPRET=1 runs Triton on CPU tensors only: CUDA tensors go to torch.
     decision = dispatch._decide("flash_attention", **_facts(interpreter=True))
-    assert decision.path == "torch" and "TRITON_INTERPRET" in decision.reason
+    assert decision.path == "tiles" and "TRITON_INTERPRET" in decision.reason
     _captured_facts(monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert sb.explain_dispatch("softmax", torch.zeros(3))["interpreter"] is True
@@ -146,7 +146,7 @@ def _sdpa_facts(**overrides):
 
 def test_sdpa_rule_takes_the_fused_kernel_where_the_semantics_agree():
     path, reason = dispatch.sdpa_decision(**_sdpa_facts())
-    assert path == "fused" and "torch's fused kernel" in reason
+    assert path == "torch-fused" and "torch's fused kernel" in reason
 
 
 @pytest.mark.parametrize(
@@ -182,7 +182,8 @@ def test_sdpa_rule_reads_the_tensors_last():
 def test_explain_dispatch_for_attention_takes_the_call_options():
     q = torch.randn(1, 2, 3, 4)
     decision = sb.explain_dispatch("scaled_dot_product_attention", q, q, q)
-    assert decision.path == "fused" and decision.op == "scaled_dot_product_attention"
+    assert decision.path == "torch-fused"
+    assert decision.op == "scaled_dot_product_attention"
     decision = sb.explain_dispatch(
         "scaled_dot_product_attention", q, q, q, is_causal=True, explicit=True
     )
@@ -200,7 +201,7 @@ def test_explain_dispatch_for_attention_takes_the_call_options():
     decision = sb.explain_dispatch(
         "scaled_dot_product_attention", q, q, q, attn_mask=bias, dropout_p=0.1
     )
-    assert decision.path == "fused"
+    assert decision.path == "torch-fused"
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
         sb.explain_dispatch("scaled_dot_product_attention", q, q, q, dropout_p=1.0)
     with pytest.raises(TypeError, match="got both mask= and attn_mask="):
@@ -214,3 +215,25 @@ def test_explain_dispatch_leaves_the_random_state_alone():
     state = torch.get_rng_state()
     sb.explain_dispatch("scaled_dot_product_attention", q, q, q, dropout_p=0.5)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_one_vocabulary_of_paths():
+    # Every decision of every op names one of PATHS; the 0.2 names still compare
+    # equal until 0.4 (the deprecation table), and print as the new ones.
+    q = torch.randn(2, 4, 8, 16)
+    seen = {
+        sb.explain_dispatch("softmax", q).path,
+        sb.explain_dispatch("scaled_dot_product_attention", q, q, q).path,
+        sb.explain_dispatch("flash_attention", q, q, q).path,
+        sb.explain_dispatch("flash_attention", q, q, q, explicit=True).path,
+        sb.explain_dispatch("flash_attention", q, q, q, dropout_p=0.5).path,
+        sb.explain_dispatch(
+            "scaled_dot_product_attention", q, q, q, return_weights=True
+        ).path,
+    }
+    assert seen == {"explicit", "torch-fused", "tiles"} and seen <= set(dispatch.PATHS)
+    fused = sb.explain_dispatch("flash_attention", q, q, q).path
+    assert fused == "fused" and fused != "torch" and str(fused) == "torch-fused"
+    assert sb.explain_dispatch("softmax", q).path == "torch"
+    with pytest.raises(ValueError, match="not one of"):
+        sb.DispatchDecision("softmax", "fused", "an old name")

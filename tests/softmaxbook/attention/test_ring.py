@@ -94,11 +94,11 @@ def test_ring_attention_names_the_options_it_does_not_support():
         sb.ring_attention(q, kv, kv, enable_gqa=True)
 
 
-def test_run_ring_attention_grad_out_is_deprecated():
+def test_run_ring_attention_grad_out_is_gone_in_0_3():
+    # Deprecated in 0.2, removed in 0.3 as the CHANGELOG said: grad_output= only.
     q, k, v, grad_out = _inputs(8)
-    with pytest.warns(DeprecationWarning, match="grad_output="):
-        with pytest.raises(ValueError, match="grad_output must have shape"):
-            sb.run_ring_attention(q, k, v, world_size=2, grad_out=grad_out[..., :4])
+    with pytest.raises(TypeError, match="grad_out"):
+        sb.run_ring_attention(q, k, v, world_size=2, grad_out=grad_out)
 
 
 def test_run_ring_attention_bad_input():

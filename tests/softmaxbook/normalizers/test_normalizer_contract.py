@@ -371,24 +371,11 @@ def test_usable_by_name_in_attention_with_fully_masked_rows(name):
 # ---------------------------------------------------------------------- old paths
 
 
-@pytest.mark.parametrize(
-    "old,name,new",
-    [
-        ("alternatives", "sparsemax", "softmaxbook.normalizers"),
-        ("alternatives", "sigmoid_normalize", "softmaxbook.normalizers"),
-        ("sinks", "sink_softmax", "softmaxbook.normalizers"),
-        ("sinks", "ignore_gap", "softmaxbook.analysis"),
-        ("length", "scalable_softmax", "softmaxbook.normalizers"),
-        ("length", "yarn_logit_scale", "softmaxbook.normalizers"),
-        ("stickbreaking", "stick_breaking", "softmaxbook.normalizers"),
-    ],
-)
-def test_the_old_modules_forward_with_a_warning(old, name, new):
-    module = importlib.import_module(f"softmaxbook.{old}")
-    with pytest.warns(DeprecationWarning, match=rf"use {new}\.{name} instead"):
-        assert getattr(module, name) is getattr(sb, name)
-    with pytest.raises(AttributeError, match="no attribute 'softmax'"):
-        module.softmax  # noqa: B018
+@pytest.mark.parametrize("old", ["alternatives", "sinks", "length", "stickbreaking"])
+def test_the_old_modules_are_gone_in_0_3(old):
+    # Deprecated in 0.2 (they forwarded to softmaxbook.normalizers with a warning),
+    # removed in 0.3 as the CHANGELOG said.
+    assert importlib.util.find_spec(f"softmaxbook.{old}") is None
 
 
 def test_softmax_is_a_function_not_a_module():

@@ -1,5 +1,5 @@
-"""softmaxbook.attention._tiles: the three forward loops of flash_attention's torch
-path.
+"""softmaxbook.attention.flash._tiles: the three forward loops of flash_attention's
+tile path.
 
 A call whose keys fit in one tile takes the plain softmax of that tile
 (``_forward_tile``); an unmasked call over several key tiles keeps one shift per
@@ -16,7 +16,7 @@ import torch
 
 import softmaxbook as sb
 from random_inputs import qkv, sdpa64
-from softmaxbook.attention import _tiles
+from softmaxbook.attention.flash import _tiles
 
 
 def _spy(monkeypatch, name):

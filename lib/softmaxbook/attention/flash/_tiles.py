@@ -1,6 +1,6 @@
 r"""The tile loops of FlashAttention on the torch path: forward and backward.
 
-:mod:`softmaxbook.attention.flash` reduces every call to one layout:
+:mod:`softmaxbook.attention.flash` (its ``_layout``) reduces every call to one layout:
 ``q`` ``(BH, R, D)``, ``k`` ``(BH, S, D)``, ``v`` ``(BH, S, Dv)``, an optional
 boolean mask ``(BH, R, S)`` (a view) or float additive mask (a bias added to the scores,
 ``-inf`` removes a key) and an optional causal rule "row ``r`` may attend to
@@ -23,6 +23,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from ..._numerics import acc_dtype, functorch_active
+from ..online import online_step
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -82,7 +85,7 @@ class Problem(NamedTuple):
 
     @property
     def acc_dtype(self) -> torch.dtype:
-        return torch.promote_types(self.q.dtype, torch.float32)
+        return acc_dtype(self.q.dtype)
 
     def tile_keep(
         self, h0: int, h1: int, r0: int, r1: int, k0: int, k1: int
@@ -178,15 +181,9 @@ def _forward_units(
             keep = p.tile_keep(h0, h1, r0, r1, k0, k1)
             if keep is not None:
                 s.masked_fill_(~keep, float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            # A row with no key so far has m = -inf: shift it by 0, so that
-            # -inf - (-inf) = nan never happens.
-            shift = m_new.masked_fill(m_new == float("-inf"), 0.0)
-            alpha = torch.exp2(m - shift)  # rescales the old state to the new maximum
-            pt = s.sub_(shift).exp2_()
+            m, alpha, pt = online_step(m, s, base2=True, inplace=True)
             ell.mul_(alpha).add_(pt.sum(dim=-1, keepdim=True))
             o.mul_(alpha).baddbmm_(pt, v[h0:h1, k0:k1])
-            m = m_new
         nonzero = ell > 0  # false only for rows with nothing to attend
         o.div_(torch.where(nonzero, ell, torch.ones_like(ell)))
         row_lse = (m + torch.log2(ell)) * LN2  # back to natural units
@@ -438,14 +435,9 @@ def _heads_per_tile(BH: int, bq: int, bk: int) -> int:
 def _workers(device: torch.device, units: int) -> int:
     if device.type != "cpu":
         return 1  # one stream of GPU kernels; the device parallelizes
-    if _functorch_active():
+    if functorch_active():
         return 1  # torch.func's wrapped tensors live in this thread only
     return max(1, min(torch.get_num_threads(), units))
-
-
-def _functorch_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active and active())
 
 
 def _run(

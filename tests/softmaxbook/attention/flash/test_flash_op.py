@@ -1,0 +1,341 @@
+"""FlashAttention as one op: its autograd node and what it saves, the torch-fused
+path against the tile loops, the path each call takes (the dispatch), dropout,
+torch.func transforms, and every broadcast mask."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import softmaxbook as sb
+from random_inputs import qkv as _qkv
+from softmaxbook.attention.flash import _fused, _tiles
+
+# torch's SDPA takes enable_gqa from torch 2.5; the oldest torch this library supports
+# is 2.2 (make test-oldest), where only the comparisons with torch are skipped: the
+# comparisons with repeated heads run on every version.
+TORCH_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+needs_torch_gqa = pytest.mark.skipif(
+    not TORCH_HAS_GQA, reason="torch's SDPA has enable_gqa from torch 2.5"
+)
+
+
+# ---------------------------------------------------------------- the autograd Function
+
+
+def _leaves(*shapes, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_output_grad_fn_is_the_flash_attention_node(explicit):
+    q, k, v = _leaves((2, 3, 9, 4), (2, 3, 11, 4), (2, 3, 11, 4), dtype=torch.float32)
+    out, lse = sb.FlashAttention.apply(
+        q, k, v, True, explicit=explicit, return_lse=True
+    )
+    assert type(out.grad_fn).__name__ == "FlashAttentionFunctionBackward"
+    assert isinstance(out.grad_fn, sb.FlashAttention.Function._backward_cls)
+    assert lse.grad_fn is out.grad_fn  # one node, two outputs
+    assert not out._is_view()  # no view or wrapper op between the node and out
+    out = sb.flash_attention(q, k, v, is_causal=True, explicit=explicit)
+    assert type(out.grad_fn).__name__ == "FlashAttentionFunctionBackward"
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_node_saves_exactly_q_k_v_out_and_the_logsumexp(explicit):
+    q, k, v = _leaves((2, 3, 9, 4), (2, 3, 11, 4), (2, 3, 11, 5), dtype=torch.float32)
+    out, lse = sb.FlashAttention.apply(q, k, v, explicit=explicit, return_lse=True)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5
+    assert saved[0] is q and saved[1] is k and saved[2] is v  # the inputs themselves
+    for got, want in zip(saved[3:], (out, lse), strict=True):  # the outputs' storage
+        assert got.shape == want.shape and got.data_ptr() == want.data_ptr()
+    assert lse.shape == (2, 3, 9) and lse.dtype == torch.float32
+    scores = (q @ k.transpose(-2, -1)) / 2.0
+    torch.testing.assert_close(lse, scores.logsumexp(-1))
+    # A mask is saved as a sixth tensor, the sinks last; nothing of size L x S else.
+    mask = torch.rand(9, 11, generator=torch.Generator().manual_seed(1)) > 0.3
+    sinks = torch.zeros(3, requires_grad=True)
+    out = sb.FlashAttention.apply(q, k, v, mask=mask, sinks=sinks, explicit=explicit)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 7 and saved[5] is mask and saved[6] is sinks
+    # On the fused path (Dv = D) a boolean mask is saved as the float mask torch's
+    # kernel adds.
+    mask[:, 0] = True
+    out = sb.FlashAttention.apply(q, k, v[..., :4], mask=mask, explicit=explicit)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 6
+    if explicit:
+        assert saved[5] is mask
+    else:
+        additive = torch.zeros(9, 11).masked_fill(~mask, float("-inf"))
+        assert saved[5].dtype == torch.float32 and torch.equal(saved[5], additive)
+
+
+def test_a_course_style_flashattention2_check():
+    # The check of a course that implements FlashAttention-2 as an autograd Function
+    # (q, k, v of shape (batch, n, d)): the node keeps exactly one tensor with one
+    # value per query row, the logsumexp, and the gradients match autograd.
+    B, Nq, Nk, D = 4, 128, 128, 64
+    q, k, v = _leaves((B, Nq, D), (B, Nk, D), (B, Nk, D), dtype=torch.float32)
+    do = torch.randn(B, Nq, D, generator=torch.Generator().manual_seed(2))
+    for is_causal in (False, True):
+        o = sb.FlashAttention.apply(q, k, v, is_causal)
+        maybe_ls = [t for t in o.grad_fn.saved_tensors if t.shape == (B, Nq)]
+        assert len(maybe_ls) == 1
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+        if is_causal:
+            scores = scores.masked_fill(~sb.causal_mask(Nq, Nk), float("-inf"))
+        torch.testing.assert_close(o, torch.softmax(scores, -1) @ v)
+        torch.testing.assert_close(maybe_ls[0], scores.logsumexp(-1))
+        got = torch.autograd.grad(o, (q, k, v), do)
+        want = torch.autograd.grad(torch.softmax(scores, -1) @ v, (q, k, v), do)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"is_causal": True},
+        {"is_causal": "bottom_right"},
+        {"mask": "bool"},
+        {"mask": "float"},
+        {"enable_gqa": True},
+        {"sinks": True},
+    ],
+)
+@pytest.mark.parametrize("explicit", [False, True])
+def test_gradcheck_of_the_function_float64(options, explicit):
+    q, k, v = _leaves((1, 4, 5, 3), (1, 2, 7, 3), (1, 2, 7, 3))
+    if not options.get("enable_gqa"):
+        k, v = (t.detach().repeat_interleave(2, 1).requires_grad_() for t in (k, v))
+    inputs = [q, k, v]
+    kw = dict(options)
+    g = torch.Generator().manual_seed(3)
+    if kw.get("mask") == "bool":
+        kw["mask"] = torch.rand(5, 7, generator=g) > 0.4
+        kw["mask"][:, 0] = True
+    elif kw.get("mask") == "float":
+        kw["mask"] = torch.randn(5, 7, generator=g, dtype=torch.float64)
+        kw["mask"][1, 2:] = float("-inf")
+    if kw.pop("sinks", False):
+        inputs.append(torch.randn(4, generator=g, dtype=torch.float64))
+        inputs[-1].requires_grad_()
+
+    def f(q, k, v, *sinks):
+        return sb.FlashAttention.apply(
+            q, k, v, explicit=explicit, sinks=sinks[0] if sinks else None, **kw
+        )
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}, {"gqa": True}],
+)
+@pytest.mark.parametrize("shape", [(2, 3, 37), (37,), (3, 37)])
+def test_the_fused_path_equals_the_tile_loops(options, shape):
+    # torch's CPU kernel (the fused path) and the library's tile loops give the same
+    # output, logsumexp and gradients within float32 rounding.
+    q, k, v = _leaves(
+        (*shape[:-1], 37, 8), (*shape[:-1], 45, 8), (*shape[:-1], 45, 8),
+        dtype=torch.float32,
+    )  # fmt: skip
+    kw = {k_: v_ for k_, v_ in options.items() if k_ != "gqa"}
+    g = torch.Generator().manual_seed(4)
+    if kw.get("mask") == "bool":
+        kw["mask"] = torch.rand(37, 45, generator=g) > 0.5
+        kw["mask"][:, -1] = True
+    elif kw.get("mask") == "float":
+        kw["mask"] = torch.randn(37, 45, generator=g)
+    if options.get("gqa"):
+        if len(shape) < 3:
+            pytest.skip("grouped heads need a heads dimension")
+        q = torch.randn(2, 6, 37, 8, generator=g).requires_grad_()
+        kw["enable_gqa"] = True
+    assert sb.explain_dispatch("flash_attention", q, k, v, **kw).path == "torch-fused"
+    do = torch.randn(q.shape[:-1] + (8,), generator=g)
+    results = []
+    for explicit in (False, True):
+        out, lse = sb.flash_attention(q, k, v, explicit=explicit, return_lse=True, **kw)
+        results.append((out, lse, *torch.autograd.grad(out, (q, k, v), do)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_float_masks_and_torchs_keyword_names_give_torchs_result():
+    q, k, v = _qkv(6, 9)
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(2, 1, 6, 9, generator=g)
+    bias[0, 0, :, 4:] = float("-inf")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    for kw in ({}, {"explicit": True}, {"block_size": (4, 4)}):
+        got = sb.flash_attention(q, k, v, attn_mask=bias, **kw)
+        torch.testing.assert_close(got, want)
+    keep = torch.rand(6, 9, generator=g) > 0.3
+    keep[:, 0] = True
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(sb.flash_attention(q, k, v, attn_mask=keep), want)
+    # A fully -inf row of a float mask gives zeros, forward and backward.
+    bias[1, 0, 2] = float("-inf")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = sb.flash_attention(*leaves, mask=bias, return_lse=True)
+    assert (out[1, :, 2] == 0).all() and torch.isneginf(lse[1, :, 2]).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+    assert (leaves[0].grad[1, :, 2] == 0).all()
+
+
+@pytest.mark.parametrize("options", [{}, {"is_causal": True}, {"mask": True}])
+def test_dropout_is_torchs(options):
+    q, k, v = _qkv(6, 9)
+    kw = dict(options)
+    if kw.get("mask"):
+        kw = {"attn_mask": torch.rand(6, 9, generator=torch.Generator()) > 0.3}
+        kw["attn_mask"][:, 0] = True
+    assert sb.explain_dispatch(
+        "flash_attention", q, k, v, dropout_p=0.3, **kw
+    ).path == ("explicit")
+    torch.manual_seed(7)
+    want = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, **kw)
+    torch.manual_seed(7)
+    got = sb.flash_attention(q, k, v, dropout_p=0.3, **kw)
+    torch.testing.assert_close(got, want)
+    assert (got != sb.flash_attention(q, k, v, **kw)).any()  # something was dropped
+
+
+def test_explain_dispatch_says_which_path_a_call_takes():
+    q, k, v = _qkv(6, 9)
+
+    def path(*tensors, **kw):
+        return sb.explain_dispatch("flash_attention", *tensors, **kw).path
+
+    assert path(q, k, v) == "torch-fused"
+    assert path(q, k, v, is_causal=True) == "torch-fused"
+    assert path(q, k, v, block_size=4) == "tiles"
+    assert path(q, k, v, explicit=True) == "tiles"
+    assert path(q.bfloat16(), k.bfloat16(), v.bfloat16()) == "tiles"
+    assert path(q, k, v, sinks=torch.zeros(3)) == "tiles"
+    assert path(q, k, v, is_causal="bottom_right") == "tiles"
+    assert path(q, k[:1], v[:1]) == "tiles"  # a broadcast batch
+    assert path(q, k, v[..., :5]) == "tiles"  # Dv != D
+    empty = torch.ones(6, 9, dtype=torch.bool)
+    empty[2] = False
+    assert path(q, k, v, mask=empty) == "tiles"
+    k_nan = k.clone()
+    k_nan[0, 0, 3, 0] = float("nan")
+    assert path(q, k_nan, v, mask=empty | True) == "tiles"
+    decision = sb.explain_dispatch("flash_attention", q, k, v, explicit=True)
+    assert "forces the library's tile loops" in decision.reason
+    with pytest.raises(ValueError, match="not both"):
+        path(q, k, v, mask=empty, is_causal=True)
+    # the call follows the explanation: the tile loops run only when it says torch
+    for kw, tiles in (({}, False), ({"block_size": 4}, True), ({"mask": empty}, True)):
+        calls = []
+        real = _tiles.forward
+
+        def spy(p, calls=calls, real=real):
+            calls.append(1)
+            return real(p)
+
+        _tiles.forward = spy
+        try:
+            sb.flash_attention(q, k, v, **kw)
+        finally:
+            _tiles.forward = real
+        assert bool(calls) == tiles
+
+
+def test_a_masked_nan_key_never_reaches_the_output():
+    # torch's kernel adds the mask, so a nan at a masked key would leak: such a call
+    # takes the tile loops, which remove the key.
+    q, k, v = _qkv(6, 9)
+    k = k.clone()
+    k[0, 0, 3, 0] = float("nan")
+    keep = torch.ones(6, 9, dtype=torch.bool)
+    keep[:, 3] = False
+    out = sb.flash_attention(q, k, v, mask=keep)
+    assert torch.isfinite(out).all()
+
+
+def test_vmap_and_jacrev_over_the_function():
+    q, k, v = (t.detach() for t in _leaves((3, 5, 4), (3, 7, 4), (3, 7, 4)))
+
+    def f(q, k, v):
+        return sb.FlashAttention.apply(q, k, v, True)
+
+    torch.testing.assert_close(torch.func.vmap(f)(q, k, v), f(q, k, v))
+    jac = torch.func.jacrev(f)(q[0], k[0], v[0])
+    ref = torch.func.jacrev(
+        lambda q: F.scaled_dot_product_attention(q, k[0], v[0], is_causal=True)
+    )(q[0])
+    torch.testing.assert_close(jac, ref)
+    # per-sample gradients: vmap of grad
+    grads = torch.func.vmap(torch.func.grad(lambda q, k, v: f(q, k, v).sum()))(q, k, v)
+    for i in range(3):
+        leaf = q[i].clone().requires_grad_()
+        (want,) = torch.autograd.grad(f(leaf, k[i], v[i]).sum(), leaf)
+        torch.testing.assert_close(grads[i], want)
+
+
+def test_grad_out_is_gone_in_0_3():
+    # Deprecated in 0.2, removed in 0.3 as the CHANGELOG said: grad_output= only.
+    q, k, v = _qkv(4, 5)
+    out, lse = sb.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(TypeError, match="grad_out"):
+        sb.flash_attention_backward(q, k, v, out, lse, grad_out=out)
+
+
+def test_without_torchs_cpu_operator_every_call_takes_the_tile_loops(monkeypatch):
+    # An older or newer torch without aten::_scaled_dot_product_flash_attention_for_cpu
+    # loses only the fused path.
+    monkeypatch.setattr(_fused, "FORWARD", None)
+    q, k, v = _qkv(6, 9)
+    decision = sb.explain_dispatch("flash_attention", q, k, v)
+    assert (
+        decision.path == "tiles" and "no CPU FlashAttention operator" in decision.reason
+    )
+    torch.testing.assert_close(
+        sb.flash_attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+    )
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 7), (7,), (1, 5, 7), (3, 5, 7), (3, 1, 7), (2, 1, 1, 7), (2, 3, 5, 7)]
+)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_every_mask_shape_that_broadcasts_gives_torchs_result(shape, kind):
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 3, 5, 4, generator=g)
+    k, v = (torch.randn(2, 3, 7, 4, generator=g) for _ in range(2))
+    mask = torch.rand(*shape, generator=g) > 0.3
+    mask[..., 0] = True
+    if kind == "float":
+        mask = torch.randn(*shape, generator=g)
+    path = sb.explain_dispatch("flash_attention", q, k, v, mask=mask).path
+    assert path == "torch-fused"
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ours = sb.flash_attention(*leaves, mask=mask)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = mask if mask.dim() >= 2 else mask.expand(5, 7)  # torch wants 2 dims
+    want = F.scaled_dot_product_attention(*ref, attn_mask=theirs)
+    torch.testing.assert_close(ours, want)
+    for a, b in zip(
+        torch.autograd.grad(ours.sum(), leaves),
+        torch.autograd.grad(want.sum(), ref),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b)
+    q3, k3, v3 = q[0], k[0], v[0]  # 3-D inputs: the mask gains a heads dimension
+    if len(shape) <= 3:
+        torch.testing.assert_close(
+            sb.flash_attention(q3, k3, v3, mask=mask),
+            F.scaled_dot_product_attention(q3, k3, v3, attn_mask=theirs),
+        )
