@@ -104,12 +104,25 @@ class MultiHeadAttention(nn.Module):
         #: The gate's linear map ``d_model -> d_model``, or None.
         self.gate = nn.Linear(d_model, d_model) if gate else None
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Return ``(output, weights)``: ``(B, L, d_model)`` and ``(B, H, L, L)``."""
+    def forward(
+        self, x: Tensor, *, need_weights: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        """Return ``(output, weights)``: ``(B, L, d_model)`` and ``(B, H, L, L)``.
+
+        With ``need_weights=False`` (as in ``torch.nn.MultiheadAttention``) the
+        weights are not formed and ``None`` is returned in their place, so that a
+        softmax layer without sinks takes torch's fused kernel
+        (``sb.explain_dispatch`` says which path a call takes); the output is the
+        same up to rounding.
+        """
+        if not isinstance(need_weights, bool):
+            raise TypeError(
+                f"need_weights must be a bool, got {type(need_weights).__name__}"
+            )
         B, L, d_model = x.shape
         qkv = self.qkv(x).view(B, L, 3, self.n_heads, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
-        heads, weights = scaled_dot_product_attention(
+        result = scaled_dot_product_attention(
             q,
             k,
             v,
@@ -117,8 +130,9 @@ class MultiHeadAttention(nn.Module):
             scale=self.score_scale,
             normalizer=self.normalizer,
             sinks=self.sinks,
-            return_weights=True,
-        )  # (B, H, L, D), (B, H, L, L)
+            return_weights=need_weights,
+        )  # (B, H, L, D), and (B, H, L, L) with need_weights
+        heads, weights = result if isinstance(result, tuple) else (result, None)
         heads = heads.transpose(1, 2).reshape(B, L, d_model)
         if self.gate is not None:  # elementwise, so per head and per dimension
             heads = heads * torch.sigmoid(self.gate(x))
@@ -151,9 +165,12 @@ class TransformerBlock(nn.Module):
             nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)
         )
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Return ``(x, weights)`` after the attention and the MLP sublayers."""
-        attended, weights = self.attn(self.ln1(x))
+    def forward(
+        self, x: Tensor, *, need_weights: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        """Return ``(x, weights)`` after the attention and the MLP sublayers
+        (``weights`` is None with ``need_weights=False``)."""
+        attended, weights = self.attn(self.ln1(x), need_weights=need_weights)
         x = x + attended
         return x + self.mlp(self.ln2(x)), weights
 
@@ -304,9 +321,12 @@ class TinyTransformer(nn.Module):
         x = (
             self.token_embedding(tokens) + self.position_embedding[:L]
         )  # (B, L, d_model)
-        maps = []
+        maps: list[Tensor] = []
         for block in self.blocks:
-            x, weights = block(x)
-            maps.append(weights)
+            x, weights = block(x, need_weights=return_weights)
+            if weights is not None:
+                maps.append(weights)
         logits = self.unembed(self.ln_f(x))  # (B, L, V)
-        return (logits, torch.stack(maps, dim=1)) if return_weights else logits
+        if return_weights:
+            return logits, torch.stack(maps, dim=1)
+        return logits

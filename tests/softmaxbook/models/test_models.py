@@ -220,3 +220,50 @@ def test_the_order_blind_guess_beats_one_over_p_when_values_repeat():
     assert 0.6 < repeats < 0.72
     doc = " ".join(sb.make_associative_recall.__doc__.split())
     assert "at best" not in doc and "about 29 %" in doc
+
+
+def _spy_on_torch_sdpa(monkeypatch):
+    """Count the calls that reach torch's fused kernel from the library."""
+    from softmaxbook.attention import sdpa
+
+    calls = []
+    real = sdpa.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_without_the_weights_the_layer_takes_the_fused_path(causal, monkeypatch):
+    # need_weights=False (torch's nn.MultiheadAttention's name): no (B, H, L, L)
+    # weights, torch's fused kernel, the same output within float32 rounding.
+    torch.manual_seed(0)
+    layer = sb.MultiHeadAttention(16, 4, causal=causal)
+    x = torch.randn(3, 7, 16)
+    calls = _spy_on_torch_sdpa(monkeypatch)
+    with_weights, weights = layer(x)
+    assert weights.shape == (3, 4, 7, 7) and not calls  # the explicit path
+    fast, none = layer(x, need_weights=False)
+    assert none is None and len(calls) == 1  # torch's fused kernel, once
+    torch.testing.assert_close(fast, with_weights, atol=1e-6, rtol=1e-5)
+    q = torch.randn(3, 4, 7, 4)
+    path = sb.explain_dispatch("scaled_dot_product_attention", q, q, q).path
+    assert path == "torch-fused"
+
+
+def test_the_model_without_weights_runs_every_layer_fused(monkeypatch):
+    torch.manual_seed(0)
+    model = sb.TinyTransformer(11, 9, d_model=16, n_heads=2, n_layers=3)
+    tokens = torch.randint(0, 11, (2, 9))
+    calls = _spy_on_torch_sdpa(monkeypatch)
+    logits, maps = model(tokens, return_weights=True)
+    assert not calls and maps.shape == (2, 3, 2, 9, 9)
+    fast = model(tokens)
+    assert len(calls) == 3  # one fused call per layer
+    torch.testing.assert_close(fast, logits, atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError, match="need_weights"):
+        model.blocks[0].attn(torch.randn(1, 2, 16), need_weights=1)
