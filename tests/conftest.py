@@ -12,7 +12,19 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
+
+# Under `make test` two xdist workers share the machine's two cores. Each runs torch,
+# and the notebooks' kernels, on one thread: with two threads each, their OpenMP pools
+# wait on each other (a small training test took 12 times as long). An explicit
+# setting wins, so `make test-portable` still runs the chapters on 2 threads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import torch  # after the thread settings above
+
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ["OMP_NUM_THREADS"] == "1":
+    torch.set_num_threads(1)
 
 # Without CUDA the Triton kernels run in Triton's CPU interpreter, which Triton picks
 # when it is first imported: set it here, before any test module (in whatever order
