@@ -93,83 +93,72 @@ def draw_attention_backward(saved: dict[str, list[str]] | None = None) -> Figure
     """
     saved = saved_for_backward() if saved is None else saved
     flash = saved["flash"]
-    fig, ax = canvas(20, 13.4, figsize=(7.2, 4.9), title="")
+    # 6.4 inches wide, three bands stacked: legible at phone width
+    fig, ax = canvas(16, 17.4, figsize=(6.4, 6.96), title="")
     blue, orange, green, red = PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3]
 
     # Forward pass, top band.
-    text(ax, 0.2, 12.7, "forward", ha="left", fontsize=11, color=blue)
-    for i, name in enumerate(["Q", "K", "V"]):
-        box(ax, 0.3 + 1.5 * i, 10.3, 1.2, 1.2, name, color=blue)
-    box(ax, 5.6, 10.3, 3.6, 1.2, r"$Z = QK^\top\!/\sqrt{d_k}$", color=blue)
-    box(ax, 10.6, 10.3, 3.9, 1.2, r"$P = \mathrm{softmax}(Z)$", color=blue)
-    box(ax, 15.9, 10.3, 3.2, 1.2, r"$O = PV$", color=blue)
-    arrow(ax, (4.6, 10.9), (5.6, 10.9))
-    arrow(ax, (9.2, 10.9), (10.6, 10.9))
-    arrow(ax, (14.5, 10.9), (15.9, 10.9))
-    text(ax, 7.4, 9.8, r"$L \times S$", fontsize=9)
-    text(ax, 12.55, 9.8, r"$L \times S$", fontsize=9)
-    text(ax, 17.5, 9.8, r"$L \times d_v$", fontsize=9)
+    text(ax, 0.2, 16.85, "forward", ha="left", color=blue)
+    box(ax, 0.3, 15.0, 4.8, 1.2, r"$Z = QK^\top\!/\sqrt{d_k}$", color=blue)
+    box(ax, 5.9, 15.0, 4.6, 1.2, r"$P = \mathrm{softmax}(Z)$", color=blue)
+    box(ax, 11.3, 15.0, 3.6, 1.2, r"$O = PV$", color=blue)
+    arrow(ax, (5.1, 15.6), (5.9, 15.6))
+    arrow(ax, (10.5, 15.6), (11.3, 15.6))
+    for x, shape in (
+        (2.7, r"$L \times S$"),
+        (8.2, r"$L \times S$"),
+        (13.1, r"$L \times d_v$"),
+    ):
+        text(ax, x, 14.55, shape)
+    ax.plot([0.3, 15.7], [14.05, 14.05], color=MUTED, linewidth=1)
 
     # Saved for the backward pass, middle band.
-    text(
-        ax,
-        0.2,
-        8.8,
-        "saved by the FlashAttention node",
-        ha="left",
-        fontsize=10,
-        color=green,
-    )
-    x = 0.3
+    text(ax, 0.2, 13.55, "saved by the FlashAttention node", ha="left", color=green)
+    x, centers = 0.3, {}
     for name in flash:
-        w = 3.2 if name == "logsumexp" else 1.2
-        label = r"$\lambda$ (per row)" if name == "logsumexp" else name
-        box(ax, x, 7.0, w, 1.2, label, color=green, fill=0.3)
-        x += w + 0.3
-    text(ax, x + 0.1, 7.95, "grows like L + S;", ha="left", fontsize=9, color=green)
-    text(
-        ax, x + 0.1, 7.25, "all the backward reads", ha="left", fontsize=9, color=green
-    )
-    kept_p = "P" in saved["textbook"]
-    box(ax, 15.0, 6.7, 4.6, 1.8, "", color=red, fill=0.12)
-    text(ax, 17.3, 7.95, "textbook autograd", fontsize=9, color=red)
-    text(
-        ax,
-        17.3,
-        7.25,
-        ("also keeps P: " if kept_p else "keeps: ") + r"$L \times S$",
-        fontsize=9,
-        color=red,
-    )
-
-    # Backward pass, bottom band.
-    text(ax, 7.4, 5.6, "backward (given dO)", ha="left", fontsize=11, color=orange)
-    box(ax, 0.3, 3.4, 6.0, 1.3, r"$P = \exp(Z - \lambda)$", color=orange)
-    text(ax, 3.3, 2.9, "recomputed, tile by tile", fontsize=9, color=orange)
-    box(ax, 7.4, 4.0, 5.2, 1.1, r"$dV = P^\top dO$", color=orange)
-    box(ax, 7.4, 2.6, 5.2, 1.1, r"$dP = dO\,V^\top$", color=orange)
-    box(ax, 7.4, 0.4, 5.2, 1.5, r"$\delta = \mathrm{rowsum}(dO \circ O)$", color=orange)
-    box(ax, 13.7, 2.3, 5.9, 1.3, r"$dZ = P \circ (dP - \delta)$", color=orange)
-    box(ax, 13.7, 0.2, 2.8, 1.3, r"$dQ = dZ\,K/\sqrt{d_k}$", color=orange)
-    box(ax, 16.8, 0.2, 2.8, 1.3, r"$dK = dZ^\top Q/\sqrt{d_k}$", color=orange)
-    arrow(ax, (6.3, 4.1), (7.4, 4.5))
-    arrow(ax, (6.3, 4.0), (13.7, 3.3))
-    arrow(ax, (12.6, 3.15), (13.7, 2.95))
-    arrow(ax, (12.6, 1.2), (13.7, 2.5))
-    arrow(ax, (15.1, 2.3), (15.1, 1.5))
-    arrow(ax, (18.2, 2.3), (18.2, 1.5))
-
-    # P is rebuilt from Q, K and the logsumexp (O and V feed delta and dP).
-    centers = {}
-    x = 0.3
-    for name in flash:
-        w = 3.2 if name == "logsumexp" else 1.2
+        w = 2.9 if name == "logsumexp" else 1.1
+        label = r"$\lambda$ (per row)" if name == "logsumexp" else f"${name}$"
+        box(ax, x, 11.6, w, 1.2, label, color=green, fill=0.3)
         centers[name] = x + w / 2
         x += w + 0.3
-    for name, end in [("Q", 0.9), ("K", 2.4), ("logsumexp", 5.8)]:
+    text(ax, x + 0.1, 12.55, "grows like $L + S$;", ha="left", color=green)
+    text(ax, x + 0.1, 11.85, "all the backward reads", ha="left", color=green)
+    kept_p = "P" in saved["textbook"]
+    box(
+        ax,
+        9.0,
+        9.8,
+        6.7,
+        1.5,
+        "textbook autograd\n"
+        + ("also keeps $P$: " if kept_p else "keeps: ")
+        + r"$L \times S$",
+        color=red,
+        fill=0.12,
+        textcolor=red,
+    )
+    ax.plot([0.3, 15.7], [9.4, 9.4], color=MUTED, linewidth=1)
+
+    # Backward pass, bottom band.
+    text(ax, 15.8, 8.9, "backward (given $dO$)", ha="right", color=orange)
+    box(ax, 0.3, 7.0, 5.2, 1.2, r"$P = \exp(Z - \lambda)$", color=orange)
+    text(ax, 2.9, 6.55, "recomputed, tile by tile", color=orange)
+    box(ax, 6.2, 7.0, 4.5, 1.2, r"$dV = P^\top dO$", color=orange)
+    box(ax, 11.1, 7.0, 4.6, 1.2, r"$dP = dO\,V^\top$", color=orange)
+    box(ax, 0.3, 4.3, 6.0, 1.2, r"$\delta = \mathrm{rowsum}(dO \circ O)$", color=orange)
+    box(ax, 7.0, 4.3, 6.0, 1.2, r"$dZ = P \circ (dP - \delta)$", color=orange)
+    box(ax, 2.6, 1.6, 5.2, 1.2, r"$dQ = dZ\,K/\sqrt{d_k}$", color=orange)
+    box(ax, 8.4, 1.6, 5.6, 1.2, r"$dK = dZ^\top Q/\sqrt{d_k}$", color=orange)
+    arrow(ax, (5.5, 7.6), (6.2, 7.6))
+    arrow(ax, (5.5, 7.15), (8.6, 5.5))
+    arrow(ax, (13.4, 7.0), (11.6, 5.5))
+    arrow(ax, (6.3, 4.9), (7.0, 4.9))
+    arrow(ax, (9.0, 4.3), (5.6, 2.8))
+    arrow(ax, (11.0, 4.3), (11.2, 2.8))
+
+    # P is rebuilt from Q, K and the logsumexp (O and V feed delta and dP).
+    for name, end in [("Q", 1.0), ("K", 2.3), ("logsumexp", 4.6)]:
         if name in centers:
-            arrow(ax, (centers[name], 7.0), (end, 4.7), color=green, linestyle="--")
-    ax.plot([0.3, 19.7], [9.3, 9.3], color=MUTED, linewidth=1)
-    ax.plot([0.3, 19.7], [6.05, 6.05], color=MUTED, linewidth=1)
+            arrow(ax, (centers[name], 11.6), (end, 8.2), color=green, linestyle="--")
     ax.set_title("What the attention backward saves and recomputes", color=INK)
     return fig

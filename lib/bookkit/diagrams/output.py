@@ -273,7 +273,7 @@ def draw_draft_tree(
     words: Sequence[str],
     *,
     prefix_words: Sequence[str],
-    figsize: tuple[float, float] = (7.6, 3.9),
+    figsize: tuple[float, float] = (6.4, 3.9),
 ) -> Figure:
     """A draft tree (left) and its tree-attention mask (right).
 
@@ -352,7 +352,6 @@ def draw_draft_tree(
             0.5,
             f"{i}: {words[i]}",
             color=PALETTE[0],
-            fontsize=10,
         )
     # right: the mask
     ax2.set_xlim(-2.0, prefix + n + 0.2)
@@ -363,8 +362,8 @@ def draw_draft_tree(
     cells(ax2, mask.numpy(), 0, 0, on=PALETTE[0], off=MUTED)
     names = [f"{i}: {w}" for i, w in enumerate(words)]
     for j, w in enumerate(list(prefix_words) + names):
-        text(ax2, j + 0.5, n + 0.15, w, fontsize=9, rotation=90, va="bottom")
+        text(ax2, j + 0.5, n + 0.15, w, rotation=90, va="bottom")
     for i in range(n):
-        text(ax2, -0.1, n - 0.5 - i, names[i], fontsize=9, ha="right")
-    text(ax2, (prefix + n) / 2, -0.6, "row i: what node i attends to", fontsize=9)
+        text(ax2, -0.1, n - 0.5 - i, names[i], ha="right")
+    text(ax2, (prefix + n) / 2, -0.6, "row $i$: what node $i$ attends to")
     return fig

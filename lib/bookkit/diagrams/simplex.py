@@ -77,7 +77,7 @@ def draw_simplex_maps(
     Returns
     -------
     matplotlib.figure.Figure
-        Two triangles side by side, 7.2 x 3.9 inches, text at 9 points or more.
+        Two triangles side by side, 6.4 x 3.9 inches, text at 12.5 points or more.
         Each panel says how many of the ``n * n`` images have a zero weight
         (lie on an edge) and how many are one-hot (lie on a corner).
     """
@@ -94,10 +94,10 @@ def draw_simplex_maps(
         raise ValueError(f"maps must hold one or two normalizers, got {len(maps)}")
     use_style()
     fig, axes = plt.subplots(
-        1, len(maps), figsize=(3.6 * len(maps), 3.9), squeeze=False
+        1, len(maps), figsize=(3.2 * len(maps), 3.9), squeeze=False
     )
     fig.patch.set_facecolor("white")
-    fig.suptitle(title, fontsize=12)
+    fig.suptitle(title)
     for ax, (name, f), color in zip(axes[0], maps.items(), colors):
         _, weights = simplex_images(f, lim=lim, n=n)
         ax.add_patch(
@@ -148,15 +148,15 @@ def draw_simplex_maps(
             CORNERS,
             ((-0.06, -0.07), (0.06, -0.07), (0.0, 0.08)),
         ):
-            text(ax, x + dx, y + dy, label, fontsize=11)
-        ax.set_title(name, fontsize=11, color=color)
+            text(ax, x + dx, y + dy, label, fontsize=14)
+        ax.set_title(name, color=color)
         text(
             ax,
             0.5,
             -0.2,
             f"{int(zeros.sum())} of {n * n} on an edge,\n"
             f"{int(corner.sum())} on a corner",
-            fontsize=10,
+            fontsize=13,
         )
         ax.set_xlim(-0.12, 1.12)
         ax.set_ylim(-0.32, 0.98)

@@ -68,11 +68,13 @@ def draw_sinks(
     seeds = list(sweep["seeds"])
     heads = len(runs[variants[0], seeds[0]][key])
     n = n_schematic
-    gap = 1.2
+    cs = 0.8  # the schematic's cells: smaller, so the figure fits 6.4 inches
+    side = n * cs
+    gap = 1.0
     grid_w = len(variants) * heads + (len(variants) - 1) * 0.5
-    width = n + gap + 1.3 + grid_w + 0.2
-    height = max(n, len(seeds)) + 2.6
-    fig, ax = canvas(width, height, figsize=(7.2, 7.2 * height / width))
+    width = side + gap + 1.6 + grid_w + 0.2
+    height = max(side, len(seeds)) + 2.6
+    fig, ax = canvas(width, height, figsize=(6.4, 6.4 * height / width))
     top = height - 1.4
 
     # Left: the schematic map, masked entries grey.
@@ -81,14 +83,14 @@ def draw_sinks(
     shaded = np.array(
         [[colors[i, j] or _blue(w[i, j]) for j in range(n)] for i in range(n)]
     )
-    cells(ax, shaded, 0.0, top - n, size=1.0)
-    text(ax, n / 2, top + 0.45, "schematic: a sink head", fontsize=10)
-    text(ax, 0.5, top - n - 0.45, "key 0\n(sink)", fontsize=9, va="top")
-    text(ax, n / 2 + 0.5, top - n - 0.45, "keys →", fontsize=9, va="top")
-    text(ax, -0.35, top - n / 2, "queries ↓", fontsize=9, rotation=90)
+    cells(ax, shaded, 0.0, top - side, size=cs)
+    text(ax, side / 2, top + 0.45, "schematic: a sink head")
+    text(ax, cs / 2, top - side - 0.3, "key 0\n(sink)", va="top")
+    text(ax, side / 2 + 0.9, top - side - 0.3, "keys →", va="top")
+    text(ax, -0.35, top - side / 2, "queries ↓", rotation=90)
 
     # Right: measured weight on the first token, per seed and head.
-    x0 = n + gap + 1.3
+    x0 = side + gap + 1.6
     text(ax, x0 + grid_w / 2, top + 0.95, "measured: weight on token 0", fontsize=10)
     for v, variant in enumerate(variants):
         xv = x0 + v * (heads + 0.5)
