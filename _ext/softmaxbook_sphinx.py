@@ -38,6 +38,7 @@ import re
 import sys
 from pathlib import Path
 
+from docutils import nodes
 from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
 
@@ -115,6 +116,7 @@ class ClaimsLedger(SphinxDirective):
         lines: list[str] = []
         summary = ["| Page | Claims |", "| --- | ---: |"]
         total = 0
+        ledger = []
         for page in _toc_pages(srcdir):
             notebook = srcdir / f"{page}.ipynb"
             if not notebook.exists():
@@ -124,23 +126,68 @@ class ClaimsLedger(SphinxDirective):
             if not claims:
                 continue
             total += len(claims)
-            # The page's own title (math in it typeset), not a copy of its text.
-            summary.append(f"| {{doc}}`/{page}` | {len(claims)} |")
-            lines += ["", f"**{{doc}}`/{page}`**", ""]
+            ledger.append((page, claims))
+            summary.append(f"| {page} | {len(claims)} |")
+            lines += ["", f"**{page}**", ""]
             lines += [f"- {claim.text}" for claim in claims]
         summary.append(f"| **All pages** | **{total}** |")
-        node_list = []
-        for block in (summary, lines):
-            container = self.parse_text_to_nodes("\n".join(block))
-            node_list += container
-        return node_list
+        table = self.parse_text_to_nodes("\n".join(summary))
+        body = self.parse_text_to_nodes("\n".join(lines))
+        # The page names become links showing the page's own title (its math
+        # typeset), and each claim a link to the text on its page that makes it.
+        rows = [row for node in table for row in node.findall(nodes.row)][1:]
+        for row, (page, _) in zip(rows, ledger):
+            _link_page(row.next_node(nodes.paragraph), page)
+        titles = [node for node in body if isinstance(node, nodes.paragraph)]
+        lists = [node for node in body if isinstance(node, nodes.bullet_list)]
+        for title, items, (page, claims) in zip(titles, lists, ledger):
+            _link_page(title.next_node(nodes.strong), page)
+            for item, claim in zip(items.children, claims):
+                paragraph = item.next_node(nodes.paragraph)
+                link = _LedgerLink("", "", internal=True, refuri="",
+                                   ledger_doc=page, ledger_anchor=claim.anchor)
+                link += paragraph.children
+                paragraph.children = []
+                paragraph += link
+        return table + body
 
     def parse_text_to_nodes(self, text: str):
-        from docutils import nodes
-
         holder = nodes.container()
         self.state.nested_parse(StringList(text.split("\n")), self.content_offset, holder)
         return holder.children
+
+
+class _LedgerLink(nodes.reference):
+    """A link of the ledger, its address filled in when the pages are written."""
+
+
+def _link_page(node, page: str) -> None:
+    """Turn ``node``'s text (a page name) into a link showing the page's title."""
+    link = _LedgerLink("", "", internal=True, refuri="", ledger_doc=page,
+                       ledger_anchor="", ledger_title=True)
+    link += nodes.Text(page)
+    node.children = []
+    node += link
+
+
+def _resolve_ledger(app, doctree, docname):
+    """Address of each ledger link, and the linked page's title (its math as math)."""
+    for link in list(doctree.findall(_LedgerLink)):
+        page, anchor = link["ledger_doc"], link["ledger_anchor"]
+        if app.builder.name == "singlehtml":
+            uri = "#" + (anchor or f"document-{page}")
+        else:
+            uri = app.builder.get_relative_uri(docname, page)
+            uri += f"#{anchor}" if anchor else ""
+        if link.get("ledger_title") and page in app.env.titles:
+            title = app.env.titles[page].deepcopy()
+            number = app.env.toc_secnumbers.get(page, {}).get("")
+            link.children = []
+            if number:  # "5.1. ", as the sidebar shows it
+                link += nodes.Text(".".join(map(str, number)) + ". ")
+            link += title.children
+        reference = nodes.reference("", "", *link.children, internal=True, refuri=uri)
+        link.replace_self(reference)
 
 
 def _stability(app, what, name, obj, options, lines):
@@ -169,6 +216,8 @@ def _share_html_visitors(app):
 def setup(app):
     app.connect("builder-inited", _share_html_visitors)
     app.add_directive("claims-ledger", ClaimsLedger)
+    app.add_node(_LedgerLink)
+    app.connect("doctree-resolved", _resolve_ledger)
     app.set_html_assets_policy("always")
     app.connect("missing-reference", _resolve)
     app.connect("autodoc-process-docstring", _stability)

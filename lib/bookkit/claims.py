@@ -27,6 +27,7 @@ __all__ = [
     "VERIFY_TAG",
     "Claim",
     "cell_claims",
+    "claim_anchor",
     "is_verification_cell",
     "page_claims",
     "has_assert",
@@ -44,6 +45,18 @@ class Claim:
     page: str  # the notebook's path without suffix, e.g. "chapters/01_definition"
     cell: int  # index of the cell in the notebook
     text: str
+    cell_id: str = ""  # the cell's nbformat id, when the notebook has them
+
+    @property
+    def anchor(self) -> str:
+        """The id of the place on the page that makes this claim."""
+        return claim_anchor(self.cell_id or self.cell)
+
+
+def claim_anchor(cell: str | int) -> str:
+    """The HTML id given to the text a verification cell checks, from the cell's
+    nbformat id (unique across the book, also in the single-page PDF) or its index."""
+    return f"claim-{cell}"
 
 
 def _source(cell: dict) -> str:
@@ -95,7 +108,7 @@ def page_claims(notebook: str | Path, root: str | Path = ".") -> list[Claim]:
     nb = json.loads(path.read_text(encoding="utf-8"))
     page = str(path.resolve().relative_to(Path(root).resolve()).with_suffix(""))
     return [
-        Claim(page, index, text)
+        Claim(page, index, text, str(cell.get("id", "")))
         for index, cell in enumerate(nb["cells"])
         if is_verification_cell(cell)
         for text in cell_claims(cell)
