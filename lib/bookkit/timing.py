@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from softmaxbook._validate import check_positive_int
+from ._checks import check_positive_int
 
 __all__ = ["time_call", "machine_info"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from ._draw import INK, MUTED, PALETTE, arrow, box, canvas, cells, text
 
@@ -145,24 +145,20 @@ def draw_online_softmax_state(
 def gpu_block_size(head_dim: int = 64) -> tuple[int, int]:
     """The (query, key) tile of the library's Triton FlashAttention kernel.
 
-    Read from the kernel's launch rule (``softmaxbook.kernels._triton``) for
+    Read from the kernel's launch rule (``softmaxbook.kernels.flash_launch_config``) for
     a problem of this head dimension, so the diagram shows the tiles the GPU
     kernel really uses; they are far smaller than the torch loop's
     :data:`softmaxbook.attention.flash.DEFAULT_BLOCK_SIZE`, because a GPU keeps them in
     registers and shared memory. Reads the rule where Triton is installed (no
     GPU needed); where it is not (macOS), returns the value that rule gives.
     """
-    import torch
+    from softmaxbook import kernels
 
     try:
-        from softmaxbook.kernels import _triton
+        config = kernels.flash_launch_config(head_dim)
     except ImportError:  # no Triton: the launch rule's tiles, 64 up to D = 128
         return (64, 64) if head_dim <= 128 else (32, 32)
-
-    x = torch.zeros(1, 1, head_dim)
-    problem = _triton.Flat(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
-    consts = _triton._launch_args(problem)[-1]
-    return consts["BLOCK_M"], consts["BLOCK_N"]
+    return config["BLOCK_M"], config["BLOCK_N"]
 
 
 def draw_flash_tiles(
@@ -283,18 +279,13 @@ def draw_flash_tiles(
 
 def ring_schedule(world_size: int) -> list[list[int]]:
     """Which key/value block rank ``r`` holds at step ``t``, ``(r - t) % W``,
-    read from :mod:`softmaxbook.attention.ring`'s own rule (its ``_Ring.owner``; rank
-    ``r`` sends to ``r + 1`` and receives from ``r - 1``). Returns
-    ``[rank][step]``."""
-    from types import SimpleNamespace
-
-    from softmaxbook.attention.ring import _Ring
+    read from :mod:`softmaxbook.attention.ring`'s own rule
+    (:func:`~softmaxbook.attention.ring.block_owner`; rank ``r`` sends to ``r + 1``
+    and receives from ``r - 1``). Returns ``[rank][step]``."""
+    from softmaxbook.attention.ring import block_owner
 
     return [
-        [
-            _Ring.owner(cast(_Ring, SimpleNamespace(rank=r, world=world_size)), t)
-            for t in range(world_size)
-        ]
+        [block_owner(r, t, world_size) for t in range(world_size)]
         for r in range(world_size)
     ]
 

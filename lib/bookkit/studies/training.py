@@ -17,14 +17,15 @@ from softmaxbook import (
     attention_sparsity,
     causal_mask,
 )
-from softmaxbook._validate import (
-    check_installed,
+
+from .._checks import (
     check_nonnegative,
     check_nonnegative_int,
     check_positive,
     check_positive_int,
     check_tensor,
 )
+from ..notebook import require
 
 __all__ = ["TrainingHistory", "train", "evaluate"]
 
@@ -274,7 +275,7 @@ def train(
 
     bar = None
     if progress:
-        check_installed("tqdm", "train(progress=True)")
+        require("tqdm", needed_by="train(progress=True)")
         from tqdm import tqdm  # only needed for the bar
 
         # stdout, not stderr: notebooks keep stderr for warnings.
