@@ -127,6 +127,16 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/case_study_sweep.py --workers 2
 	$(BIN)/python experiments/sink_sweep.py --workers 2
 
+## gpu-report: compile every Triton kernel ahead of time for sm_80, sm_90 and sm_100
+# (no GPU needed: Triton ships ptxas and cuobjdump) into _build/gpu-report.json, and
+# refresh the kernels page's copy, lib/bookkit/data/gpu_report.json: registers, spills,
+# shared memory, tensor-core MMA and MUFU.EX2 counts. Fails on a new spill (the known
+# float32 ones are listed in the tool) or a block over its shared memory. ~5-17 min on 2 cores.
+# On a CUDA machine, GPU_REPORT_FLAGS=--time also times the kernels against torch.
+.PHONY: gpu-report
+gpu-report: $(STAMP)
+	$(BIN)/python tools/gpu_report.py --store $(GPU_REPORT_FLAGS)
+
 ## lab: JupyterLab on the chapters
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet jupyterlab
