@@ -184,6 +184,10 @@ def page_problems(page: Path) -> list[str]:
         svg = read_svg(data)
         px_per_pt = displayed_px(svg.width_pt) / svg.width_pt
         for run in svg.texts:
+            if MATH_AS_TEXT.search(re.sub(r"\$[^$]*\$", " ", run.text)):
+                problems.append(
+                    f"{where}: {run.text!r} writes math as text (use $...$)"
+                )
             px, smallest = run.size_pt * px_per_pt, run.smallest_pt * px_per_pt
             if px < MIN_TEXT_PX - 1e-6:
                 problems.append(
@@ -350,6 +354,36 @@ def test_a_small_label_fails_and_a_large_one_passes(tmp_path):
         and "'label at 8 pt'" in problems[0]
         and "figure 1" in problems[0]
     )
+
+
+def test_a_figure_label_with_math_as_text_fails(tmp_path):
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(BOOK_SVG)
+    fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    ax.set_xlabel("scores / sqrt(d_k)", fontsize=14)
+    ax.set_ylabel(r"weight $p_i$", fontsize=14)
+    ax.tick_params(labelsize=14)
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    out = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {"image/svg+xml": buf.getvalue()},
+    }
+    nb = {
+        "cells": [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [out]}]
+    }
+    page = tmp_path / "page.ipynb"
+    page.write_text(json.dumps(nb))
+    problems = page_problems(page)
+    assert len(problems) == 1 and "sqrt(d_k)" in problems[0], problems
 
 
 if __name__ == "__main__":  # a per-page summary: python tests/book/test_figures.py

@@ -3,8 +3,10 @@ no page writes a retired form in its math.
 
 Read from the pages' sources (no build): the math of every Markdown cell of a
 chapter notebook and of every Markdown page (``$...$``, ``$$...$$``,
-``{math}`...` `` roles, ``{math}`` and ``amsmath`` blocks) and every figure
-caption (a cell's ``mystnb.figure.caption`` or a ``{figure}`` directive). Each
+``{math}`...` `` roles, ``{math}`` and ``amsmath`` blocks), every figure
+caption (a cell's ``mystnb.figure.caption`` or a ``{figure}`` directive), the
+mathtext of every text in the stored SVG figures (axis labels, legends, diagram
+labels) and every glued string. Each
 retired form below is a regular expression over that math, with what replaces it.
 A page that quotes a paper's own letters on purpose is listed in ``ALLOWED``,
 with the reason.
@@ -17,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_figures import captions
+from test_figures import captions, figures, read_svg
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = ROOT / "chapters"
@@ -107,14 +109,34 @@ def _markdown(page: Path) -> list[tuple[str, str]]:
     ]
 
 
+def _figure_and_glued_texts(page: Path) -> list[tuple[str, str]]:
+    """The texts in the page's SVG figures (axis labels, legends, diagram labels)
+    and the strings it glues into its prose."""
+    if page.suffix != ".ipynb":
+        return []
+    found = []
+    for where, mime, data in figures(page):
+        if mime == "image/svg+xml":
+            found += [(f"{where} text", run.text) for run in read_svg(data).texts]
+    cells = json.loads(page.read_text(encoding="utf-8"))["cells"]
+    for i, cell in enumerate(cells):
+        for out in cell.get("outputs", []):
+            if "scrapbook" in out.get("metadata", {}):
+                value = out.get("data", {}).get("text/plain", "")
+                found.append((f"cell {i} glued", "".join(value)))
+    return found
+
+
 def page_problems(page: Path) -> list[str]:
-    """Every retired form in the page's math and captions, with where it is."""
+    """Every retired form in the page's math, captions, figure texts and glued
+    strings, with where it is."""
     allowed = {name for p, name, _ in ALLOWED if p == _id(page)}
     places = _markdown(page) + [
         (f"{where} caption", cap)
         for where, cap in captions(page)
         if page.suffix != ".md"
     ]
+    places += _figure_and_glued_texts(page)
     problems = []
     for where, source in places:
         for math in math_of(source):
