@@ -118,19 +118,21 @@ def draw_dot_product_variance(d_k: int = 64, n_keys: int = 8, seed: int = 1) -> 
 
     # One shared scale for both bells: +-3 sd of the unscaled score fits 3.4 units.
     per_score = 3.4 / (3 * std)
-    roads = [
+    roads: list[tuple[float, str, float, np.ndarray, str]] = [
         (4.0, red, std, w_raw, f"unscaled: sd $\\sqrt{{d_k}}$ = {std:.0f}"),
         (12.0, blue, 1.0, w_scaled, "scaled: sd 1, any $d_k$"),
     ]
     arrow(ax, (12.2, 10.9), (4.6, 9.75))
     arrow(ax, (13.55, 10.9), (12.6, 9.75), r"$\div \sqrt{d_k}$", offset=(0.9, -0.45))
-    for cx, color, sd, w, label in roads:
+    for cx, color, sd, weights, label in roads:
         text(ax, cx, 9.3, label, color=color)
         _bell(ax, cx, 6.5, 3.4, 2.0, sd, per_score, color)
         arrow(ax, (cx, 6.15), (cx, 4.95), "softmax", offset=(1.0, -0.3))
         bar = 0.6
-        _weights(ax, cx - len(w) * bar / 2, 2.2, w, color, height=2.5, bar=bar)
-        text(ax, cx, 1.6, f"largest weight {w.max():.2f}", color=color)
+        _weights(
+            ax, cx - len(weights) * bar / 2, 2.2, weights, color, height=2.5, bar=bar
+        )
+        text(ax, cx, 1.6, f"largest weight {weights.max():.2f}", color=color)
     text(
         ax,
         8.0,
