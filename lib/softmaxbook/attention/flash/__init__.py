@@ -244,7 +244,7 @@ def flash_attention(
     Rows with nothing to attend give zeros (and a logsumexp of ``-inf``),
     forward and backward.
 
-    The autograd node is :class:`FlashAttention`: it saves only ``q, k, v``,
+    The autograd node is :data:`FlashAttention`'s: it saves only ``q, k, v``,
     the output and the logsumexp, and its backward pass recomputes each tile
     of weights from them (see :func:`flash_attention_backward`).
 
@@ -291,7 +291,7 @@ def flash_attention(
         Dropout probability of the weights, applied as torch's
         ``scaled_dot_product_attention`` applies it (always, not only in
         training). The weights are then formed: no tiles, no
-        :class:`FlashAttention` node.
+        :data:`FlashAttention` node.
     block_size : int or (int, int), optional
         Tile sizes ``(block_q, block_k)`` of the library's tile loops (one int
         sets both; default ``DEFAULT_BLOCK_SIZE``). Passing it forces the tile

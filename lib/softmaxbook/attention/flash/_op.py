@@ -254,7 +254,7 @@ def run(
     plan: Plan,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, lse)``: the operator where torch.compile traces, the autograd
-    Function (whose node :class:`~softmaxbook.FlashAttention` documents)
+    Function (whose node :data:`~softmaxbook.FlashAttention` documents)
     elsewhere."""
     if torch.compiler.is_compiling():
         return flash_attention_op(q, k, v, mask, sinks, *plan)
