@@ -1,6 +1,6 @@
 r"""Attention: every entry point, sharing one argument resolver.
 
-- :mod:`~softmaxbook.attention.sdpa`: :func:`scaled_dot_product_attention` with a
+- ``softmaxbook.attention.sdpa``: :func:`scaled_dot_product_attention` with a
   pluggable normalizer, a drop-in for torch's;
 - :mod:`~softmaxbook.attention.online`: the online softmax and the merge of
   partial results;
