@@ -47,10 +47,11 @@ PALETTE = [
 ]
 
 #: The smallest font size of any text in a figure, in points. The website shows
-#: a figure at most about 350 CSS px wide on a 390 px phone, so text of ``pt``
-#: points in a figure ``w`` points wide is ``pt * 350 / w`` CSS px: at the
-#: default 6-inch (432 pt) width 12.5 pt is 10.1 px, and even a 6.4-inch figure
-#: keeps 9.5 px, above the 9 px floor the book holds every label to.
+#: a figure at most 342 CSS px wide on a 390 px phone (measured, see
+#: tests/book/_site_geometry.py), so text of ``pt`` points in a figure ``w``
+#: points wide is ``pt * 342 / w`` CSS px: at the default 6-inch (432 pt) width
+#: 12.5 pt is 9.9 px, and a 6.4-inch figure keeps 9.3 px, above the 9 px floor
+#: the book holds every label to (tests/book/test_figures.py).
 MIN_FONT_PT = 12.5
 
 _STYLE: dict[str, Any] = {

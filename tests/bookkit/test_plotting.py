@@ -80,8 +80,8 @@ def test_use_style_makes_phone_legible_deterministic_svg():
     keys = [k for k in keys if "font" in k or "label" in k or "title" in k]
     sizes = {k: FontProperties(size=rc[k]).get_size_in_points() for k in keys}
     assert min(sizes.values()) >= bk.plotting.MIN_FONT_PT, sizes
-    # 12.5 pt in a 6.4-inch (460.8 pt) figure shown 350 CSS px wide is >= 9 px
-    assert bk.plotting.MIN_FONT_PT * 350 / 460.8 >= 9
+    # 12.5 pt in a 6.4-inch (460.8 pt) figure shown 342 CSS px wide is >= 9 px
+    assert bk.plotting.MIN_FONT_PT * 342 / 460.8 >= 9
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, -2], label=r"$\sqrt{d_k}$")
     ax.legend()
