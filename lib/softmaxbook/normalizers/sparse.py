@@ -16,19 +16,26 @@ input) is ``@normalizer``'s.
 Speed: sparsemax and 1.5-entmax find their threshold without sorting whole
 rows where that pays. The threshold is known to lie above ``t0`` (the row
 maximum minus 1, or minus 2 for 1.5-entmax), so only the keys above ``t0``
-can be in the support: one pass collects these candidates (for rows of 4096
-down to 256 N(0, 1) scores, on average about 0.6 to 4 % of the keys for
-sparsemax and 6 to 22 % for 1.5-entmax); for 1.5-entmax three Newton steps
-on the threshold equation, run on the candidates alone, raise the bound and
-drop most of them (sparsemax takes none); what is left is sorted and the
-exact sort-based formula runs on it. What decides the speed is the number of
-candidates, not the size of the support: a row with more than a quarter of
-its keys among the candidates (scores of a small spread, long runs of ties,
-and for 1.5-entmax many N(0, 1) rows of a few hundred keys), or whose
-threshold comes out below the bound that chose its candidates, is sorted in
-full (the fallback), and then costs more than a plain sort, by the pass that
-counted its candidates. Rows of at most 128 keys are sorted whole at once.
-The result is the exact (sort-based) solution.
+can be in the support. Rather than compare every key with a bound, the row is
+cut into blocks of 4 to 16 keys (key j, j + n/b, j + 2n/b, ...: one vectorized
+maximum over a view finds every block's maximum at the speed of reading the
+row), and only the blocks whose maximum exceeds the bound are gathered. For
+1.5-entmax the bound is raised first by four Newton steps on the block maxima
+alone (the threshold of a subset of the keys lies below the row's): from
+``t0`` most blocks would qualify. Of the gathered keys, those above the bound
+are the candidates (for rows of 4096 down to 256 N(0, 1) scores, on average
+about 0.6 to 4 % of the keys for sparsemax, within 1 of the maximum); for
+1.5-entmax three Newton steps on the candidates raise the bound again; what
+is left is sorted and the exact sort-based formula runs on it. What decides
+the speed is the number of candidates, not the size of the support: a row
+with more than half of its blocks gathered, or more than a quarter of its
+keys among the candidates (scores of a small spread, long runs of ties), or
+whose threshold comes out below the bound that chose its candidates, is
+sorted in full (the fallback), and then costs more than a plain sort. Rows of
+at most 128 keys are sorted whole at once, and so is every row under
+``torch.compile`` (the candidate search's sizes depend on the data; a graph
+needs static ones). The result is the exact (sort-based) threshold; the
+weights are :math:`(x - \tau)_+` (and :math:`((x - \tau)/2)^2`) rounded once.
 """
 
 from __future__ import annotations
@@ -60,6 +67,10 @@ _T0 = {"sparsemax": -1.0, "entmax15": -2.0}
 # Newton steps on the candidates before they are sorted: each shrinks the candidate set
 # toward the support (about halving it for 1.5-entmax, whose first candidates are many).
 _NEWTON_STEPS = {"sparsemax": 0, "entmax15": 3}
+# Newton steps on the block maxima, for the bound that chooses the blocks (see
+# _block_candidates): from -2 alone, 1.5-entmax would keep most blocks; sparsemax
+# keeps the keys within 1 of the row maximum, as it always has.
+_BOUND_STEPS = {"sparsemax": 0, "entmax15": 4}
 # Candidates are counted slightly below the Newton iterate, which in exact arithmetic is
 # already below the threshold; the margin absorbs rounding (z is O(1) there).
 _MARGIN = 1e-4
@@ -105,6 +116,32 @@ def _sorted_threshold(v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
     return t, size
 
 
+def _pack(
+    keep: Tensor, limit: float | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Where the True entries of each row of ``keep`` (R, n) go when packed to the
+    left of an (R, k) array (k: the most any row keeps).
+
+    Returns ``(where, target, width, full)``: the flat indices of the kept entries,
+    row by row, their flat indices in the (R, width) array, the width, and, with a
+    ``limit``, the rows (a boolean (R,)) that keep more than ``limit`` entries, left
+    out (kept nowhere).
+    """
+    R, n = keep.shape
+    where = keep.reshape(-1).nonzero().squeeze(-1)  # flat indices, row by row
+    rows = where.div(n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=R)
+    full = counts > limit if limit is not None else counts < 0  # (R,)
+    if limit is not None and bool(full.any()):
+        kept = ~full[rows]
+        where, rows = where[kept], rows[kept]
+        counts = counts.masked_fill(full, 0)
+    width = max(int(counts.max()), 1) if R else 1
+    starts = counts.cumsum(0) - counts  # where each row's entries begin in `where`
+    slot = torch.arange(where.numel(), device=keep.device) - starts[rows]
+    return where, rows * width + slot, torch.tensor(width), full
+
+
 def _compact(z: Tensor, keep: Tensor, full_share: int = 0) -> tuple[Tensor, Tensor]:
     """The entries of each row of ``z`` (R, n) where ``keep`` is True, packed to the
     left of an (R, k) array padded with -inf (k: the most any row keeps).
@@ -112,24 +149,15 @@ def _compact(z: Tensor, keep: Tensor, full_share: int = 0) -> tuple[Tensor, Tens
     With ``full_share``, rows that keep more than ``n / full_share`` entries are left
     out (all -inf) and flagged in the second result, a boolean (R,).
     """
-    R, n = z.shape
-    where = keep.reshape(-1).nonzero().squeeze(-1)  # flat indices, row by row
-    rows = where.div(n, rounding_mode="floor")
-    counts = torch.bincount(rows, minlength=R)
-    full = counts * full_share > n if full_share else counts < 0  # (R,)
-    if full_share and bool(full.any()):
-        kept = ~full[rows]
-        where, rows = where[kept], rows[kept]
-        counts = counts.masked_fill(full, 0)
-    width = max(int(counts.max()), 1) if R else 1
-    starts = counts.cumsum(0) - counts  # where each row's entries begin in `where`
-    slot = torch.arange(where.numel(), device=z.device) - starts[rows]
-    packed = z.new_full((R, width), float("-inf"))
-    packed.view(-1)[rows * width + slot] = z.reshape(-1)[where]
+    where, target, width, full = _pack(
+        keep, z.shape[-1] / full_share if full_share else None
+    )
+    packed = z.new_full((z.shape[0], int(width)), float("-inf"))
+    packed.view(-1)[target] = z.reshape(-1)[where]
     return packed, full
 
 
-def _newton(v: Tensor, t: Tensor, kind: str, steps: int) -> Tensor:
+def _newton_steps(v: Tensor, t: Tensor, kind: str, steps: int) -> Tensor:
     """Newton steps on the convex decreasing f(t) = sum g((v - t)_+) - 1, from the left
     of its root: each step stays left of the root (below the threshold) and nears it."""
     for _ in range(steps):
@@ -144,38 +172,97 @@ def _newton(v: Tensor, t: Tensor, kind: str, steps: int) -> Tensor:
     return t
 
 
-def _exact_threshold(z: Tensor, kind: str) -> Tensor:
-    """Threshold ``t`` (R, 1) of rows ``z`` (R, n) whose finite maximum is 0 (or all
-    -inf or nan).
+def _newton(v: Tensor, t: Tensor, kind: str, steps: int) -> Tensor:
+    """The Newton steps taken on the candidates (``_newton_steps``)."""
+    return _newton_steps(v, t, kind, steps)
+
+
+def _block_size(n: int) -> int:
+    """Keys per block of a row of ``n`` keys (see :func:`_block_candidates`)."""
+    return 16 if n >= 2048 else 8 if n >= 512 else 4
+
+
+def _block_candidates(rows: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The row maxima ``m`` (R, 1), and the shifted keys of rows (R, n) that can be in
+    the support, by blocks.
+
+    Block j of a row holds the keys j, j + n/b, j + 2n/b, ... (b keys; the last
+    ``n mod b`` keys are candidates always): one vectorized ``amax`` over the
+    (R, b, n/b) view finds every block's maximum at the speed of reading the row.
+    The threshold lies above ``t0``, and above the threshold of the block maxima
+    alone (a subset of the keys reaches the sum 1 later), which Newton steps from
+    ``t0`` approach from below (1.5-entmax); only the blocks whose maximum exceeds
+    that bound can hold keys of the support, and only their keys are gathered.
+
+    Returns ``(m, bound, candidates, full)``: the candidates (R, k) are the keys,
+    shifted by the row maximum, of the chosen blocks (the rest of the width below
+    the bound), and ``full`` flags the rows with more than half of their blocks
+    chosen (left out, to be sorted in full).
+    """
+    R, n = rows.shape
+    b = _block_size(n)
+    nb = n // b
+    blocks = rows[:, : b * nb].view(R, b, nb)  # key i * nb + j is blocks[:, i, j]
+    tail = rows[:, b * nb :]
+    top = blocks.amax(1)  # (R, nb): the block maxima
+    m = top.amax(-1, keepdim=True)
+    if tail.shape[-1]:
+        m = torch.maximum(m, tail.amax(-1, keepdim=True))
+    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    top = top - shift
+    bound = top.new_full((R, 1), _T0[kind])
+    if _BOUND_STEPS[kind]:
+        bound = _newton_steps(top, bound, kind, _BOUND_STEPS[kind]) - _MARGIN
+    keep = top > bound  # (R, nb)
+    where, target, width, full = _pack(keep, nb / 2)
+    # Unused slots take the row's lowest block, whose keys are all below the bound
+    # (a row with every block kept is left out anyway).
+    index = top.argmin(-1, keepdim=True).expand(R, int(width)).contiguous()
+    index.view(-1)[target] = where.remainder(nb)
+    gathered = blocks.gather(2, index[:, None, :].expand(R, b, int(width)))
+    candidates = gathered.reshape(R, -1)
+    if tail.shape[-1]:
+        candidates = torch.cat([candidates, tail], dim=-1)
+    return m, bound, candidates.sub_(shift), full
+
+
+def _exact_threshold(rows: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    """Row maxima ``m`` (R, 1) and threshold ``t`` (R, 1), relative to ``m``, of rows
+    (R, n) (a row all -inf, or holding nan or +inf, gets a meaningless ``t``).
 
     The threshold is at least ``t0`` (-1, or -2 for 1.5-entmax: the largest entry
     alone must not exceed weight 1), so every key of the support lies above ``t0``.
-    One pass over the scores collects those candidates (a few percent of a row of
-    N(0, 1) scores); for 1.5-entmax a few Newton steps on the candidates alone raise
-    the bound and drop most of them; the few left are sorted and the exact
-    sort-based formula runs on them. Short rows are sorted in full at once. The
-    fallback sorts a row in full: a row whose
-    candidates are too many for this to pay (scores of a small spread, long runs of
-    ties), or whose threshold came out below the bound that chose its candidates
-    (then its support might reach past them; only rounding can cause that).
+    Short rows are sorted in full at once. Longer rows: the blocks whose maximum
+    can reach the support give the candidates (:func:`_block_candidates`), a few
+    percent of a row of N(0, 1) scores; the candidates above the bound are kept; for
+    1.5-entmax three Newton steps on them alone raise the bound and drop most of
+    them; the few left are sorted and the exact sort-based formula runs on them. The
+    fallback sorts a row in full: a row whose candidates are too many for this to
+    pay (scores of a small spread, long runs of ties), or whose threshold came out
+    below the bound that chose its candidates (then its support might reach past
+    them; only rounding can cause that).
     """
-    if z.shape[-1] <= _SORT_AT_MOST or torch.compiler.is_compiling():
+    if rows.shape[-1] <= _SORT_AT_MOST or torch.compiler.is_compiling():
         # Under torch.compile the candidate search's data-dependent sizes would
         # break the graph: the full sort has static shapes and the same result.
-        return _sorted_threshold(z.sort(dim=-1, descending=True).values, kind)[0]
-    bound = z.new_full((z.shape[0], 1), _T0[kind])
+        m = rows.amax(-1, keepdim=True)
+        z = rows - torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        return m, _sorted_threshold(z.sort(dim=-1, descending=True).values, kind)[0]
+    m, bound, z, full = _block_candidates(rows, kind)
     # (R, k): every key of the support is among these; -inf and nan never are.
-    v, full = _compact(z, z > bound, _FULL_SORT_SHARE)
+    keep = z > bound
+    full |= keep.sum(-1) * _FULL_SORT_SHARE > rows.shape[-1]
+    v, _ = _compact(z, keep & ~full[:, None])
     if v.shape[-1] > 1 and _NEWTON_STEPS[kind]:
         bound = _newton(v, bound, kind, _NEWTON_STEPS[kind]) - _MARGIN
         v, _ = _compact(v, v > bound)
     v = v.sort(dim=-1, descending=True).values
     t, _ = _sorted_threshold(v, kind)
-    rows = (full | (t < bound).squeeze(-1)).nonzero().squeeze(-1)
-    if rows.numel():  # the fallback: the full sort
-        w = torch.sort(z[rows], dim=-1, descending=True).values
-        t[rows] = _sorted_threshold(w, kind)[0]
-    return t
+    redo = (full | (t < bound).squeeze(-1)).nonzero().squeeze(-1)
+    if redo.numel():  # the fallback: the full sort
+        w = rows[redo] - torch.where(torch.isfinite(m[redo]), m[redo], 0.0)
+        t[redo] = _sorted_threshold(w.sort(dim=-1, descending=True).values, kind)[0]
+    return m, t
 
 
 def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
@@ -183,21 +270,22 @@ def _sparse_forward(x: Tensor, dim: int, kind: str) -> Tensor:
     xt = x.movedim(dim, -1)
     shape = xt.shape
     n = shape[-1]
-    m = xt.amax(-1, keepdim=True)  # (..., 1)
+    rows = xt.reshape(-1, n)  # (R, n); a view when dim is the last
+    m, t = _exact_threshold(rows, kind)
     finite = torch.isfinite(m)
-    # Shift each row's maximum to 0 (exact near the top: Sterbenz). z is a new buffer
-    # that becomes the output in place.
-    z = (xt - torch.where(finite, m, torch.zeros_like(m))).reshape(-1, n)  # (R, n)
-    m, finite = m.reshape(-1, 1), finite.reshape(-1, 1)
-    t = _exact_threshold(z, kind)
     # All -inf rows: t = +inf sends every entry to 0. A nan or +inf row stays nan.
     t = torch.where(
         finite, t, torch.where(m == float("-inf"), float("inf"), float("nan"))
     )
-    z.sub_(t).clamp_min_(0)
-    if kind == "entmax15":
-        z.mul_(z).mul_(0.25)
-    return z.reshape(shape).movedim(-1, dim)
+    # Shift each row's maximum to 0 first (exact near the top: Sterbenz), then by t:
+    # m + t would round at the scale of m (1e4 scores lose 3 decimals).
+    out = torch.sub(rows, torch.where(finite, m, torch.zeros_like(m)))
+    if kind == "sparsemax":
+        out.sub_(t).clamp_min_(0)
+    else:  # ((z - t) / 2)^2 on the support: z / 2 - t / 2 rounds as z - t does
+        torch.add(t * -0.5, out, alpha=0.5, out=out).clamp_min_(0)
+        out.mul_(out)
+    return out.reshape(shape).movedim(-1, dim)
 
 
 def _support_backward(grad: Tensor, weight: Tensor, dim: int) -> Tensor:
@@ -326,9 +414,10 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
 
     ``-inf`` entries get weight 0; a row of only ``-inf`` gives zeros. The
     threshold is exact: the sort-based formula on the scores that can be in
-    the support, those within 2 of the row maximum, thinned by three Newton
-    steps; rows of at most 128 keys, and rows with more than a quarter of
-    their keys within 2 of the maximum, are sorted whole.
+    the support, those within 2 of the row maximum, thinned by Newton steps
+    (on the maxima of blocks of keys, then on the keys left); rows of at
+    most 128 keys, and rows with many keys near the maximum, are sorted whole
+    (see the module docstring).
 
     Shapes: ``x`` is ``(..., N)``; the result has the same shape and dtype.
 
