@@ -269,6 +269,8 @@ def _chunks(S: int, splits: int) -> list[tuple[int, int]]:
 def _in_parallel(
     fn: Callable[[int, int], tuple[Tensor, Tensor]], bounds: list[tuple[int, int]]
 ) -> list[tuple[Tensor, Tensor]]:
+    if torch.compiler.is_compiling():  # one graph: the compiler schedules the chunks
+        return [fn(*b) for b in bounds]
     workers = min(torch.get_num_threads(), len(bounds))
     if workers <= 1:
         return [fn(*b) for b in bounds]

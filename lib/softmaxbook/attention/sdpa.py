@@ -223,7 +223,10 @@ def scaled_dot_product_attention(
         # Dropout draws from the random state: a recomputation draws the same.
         state = torch.get_rng_state() if args.dropout_p else None
         out = _fused(q, k, v, args, enable_gqa)
-        if _finite(out):
+        # Under torch.compile the output's values are unknown while tracing: torch's
+        # kernel's output is returned as it is (the same, unless q, k or v hold a nan
+        # or an infinity).
+        if torch.compiler.is_compiling() or _finite(out):
             return out
         # A nan or infinity: the explicit path keeps those of masked keys out of the
         # output (the fused kernel adds the mask to them), and agrees elsewhere.

@@ -64,7 +64,9 @@ class DispatchPath(str):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str) and other in OLD_PATH_NAMES:
             return str(self) in OLD_PATH_NAMES[other]
-        return str.__eq__(self, other)
+        # str(self) == other, not str.__eq__(self, other): torch.compile traces
+        # the first (the second fails in dynamo: "expected 1 argument, got 2").
+        return str(self) == other
 
     def __ne__(self, other: object) -> bool:
         return not self == other
@@ -112,7 +114,7 @@ INTERPRETER_ENV_VAR = "TRITON_INTERPRET"
 class DispatchDecision:
     """Which implementation a call takes, and why.
 
-    ``path`` is a name of :data:`PATHS`: ``"triton"``, ``"torch-fused"``,
+    ``path`` is a name of ``dispatch.PATHS``: ``"triton"``, ``"torch-fused"``,
     ``"tiles"`` or ``"explicit"`` (see the module docstring). ``reason`` is one
     sentence. ``str(decision)`` reads ``"flash_attention -> tiles: ..."``.
     """
@@ -258,7 +260,7 @@ def kernel_decision(op: str, *tensors: torch.Tensor) -> DispatchDecision:
     if op == "softmax":
         width = tensors[0].shape[-1] if tensors[0].dim() else 1
     else:  # the head size of q and k, and the value head size Dv of v
-        width = max((t.shape[-1] for t in tensors if t.dim()), default=0)
+        width = max([t.shape[-1] for t in tensors if t.dim()] or [0])
     return _decide(
         op,
         device_types={t.device.type for t in tensors},
