@@ -56,9 +56,11 @@ format: $(STAMP)
 
 ## test: lint, mypy, the doctests, unit tests, strict nbval on every chapter, the book build
 # and the browser check. Two pytest workers (the machine's two cores), the website built
-# beside them; a notebook's cells stay together on one worker (--dist loadfile).
+# beside them. --dist loadgroup is scheduled by tests/conftest.py: a notebook's cells,
+# and each website or course-kit test file, stay on one worker; the unit tests go one
+# by one to whichever worker is free.
 test: $(STAMP) lint typecheck doctest
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 ## test-fast: the library's unit tests only
 test-fast: $(STAMP)

@@ -118,6 +118,35 @@ def _needs_build(item: pytest.Item) -> bool:
     return "book_build" in getattr(item, "fixturenames", ())
 
 
+# `make test` runs `--dist loadgroup`, scheduled by _Schedule below: a file under
+# one of these folders keeps its tests on one worker (a notebook's cells share one
+# kernel; the website, packaging and course-kit tests share a costly module-level
+# setup: a browser, a built wheel, a real nbgrader or otter run). Every other test
+# goes to whichever worker is free, one by one, so a file of long independent tests
+# (re-trained runs, spawned ring processes) is split between the workers.
+_WHOLE_FILES = ("chapters/", "tests/book/", "tests/coursekit/")
+
+
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return path if path.startswith(_WHOLE_FILES) else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """The scheduler for `--dist loadgroup`: xdist's scope scheduler, with the
+    scopes above (pytest 9 keeps node ids where xdist's own loadgroup cannot
+    append its group names, so the groups are chosen here, from the ids)."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Schedule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return _Schedule(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The tests of the built website run last, so the build has the whole of the
     # unit tests and the notebooks to finish in the background.
