@@ -14,7 +14,17 @@ nothing comes from the internet) with no raw TeX left in the text, and:
   code, outputs, math and tables may scroll;
 - at 1280 px every code box (also in an exercise or a solution, opened) holds a
   line of the project's line length, 88 columns (``[tool.ruff] line-length``):
-  code formatted by ruff shows without wrapping or scrolling.
+  code formatted by ruff shows without wrapping or scrolling;
+- display math: at 1280 px no formula is wider than the column (none needs its
+  scroll bar), and at 390 px a long one scrolls inside its own box with nothing
+  cut off above or below (the superscript of QK^T, a tall fraction).
+
+Accessibility, at 1280 px on the same page load: axe-core (the copy inside
+axe-playwright-python, nothing downloaded) checks WCAG 2.1 A and AA in light mode
+with every rule, and in dark mode (``data-theme="dark"``, pydata-sphinx-theme's
+switch) with the rules that depend on colour; a serious or critical finding fails.
+A link reached with the Tab key shows a focus ring in both modes, and a figure gets
+the column width that tests/book/test_figures.py sizes its labels with.
 
 A full-page screenshot of each page at each width goes to
 ``_build/screenshots/<page>@<width>.png`` for review.
@@ -37,6 +47,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from _site_geometry import CONTENT_WIDTH_390
 
 ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
@@ -79,6 +90,25 @@ LAUNCH_LINKS = {
     "edit on GitHub": r"^https://github\.com/.+/edit/.+\.ipynb$",
     "repository": r"^https://github\.com/[^/]+/[^/]+/?$",
 }
+
+# WCAG 2.1 level A and AA, as axe-core tags its rules. In dark mode only the rules
+# that depend on colour run again: the others read the DOM and ARIA attributes,
+# which the mode leaves as they are.
+# "Label in name" (WCAG 2.5.3, level A) is still marked experimental in axe-core 4.12,
+# which leaves it out of the tag sets: it is turned on by name.
+AXE_LIGHT = {
+    "runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]},
+    "rules": {"label-content-name-mismatch": {"enabled": True}},
+    "resultTypes": ["violations"],
+}
+AXE_DARK = {
+    "runOnly": {"type": "rule", "values": ["color-contrast", "link-in-text-block"]},
+    "resultTypes": ["violations"],
+}
+AXE_FAILS = ("serious", "critical")
+# What axe-core found on each page (filled by the 1280 px visit of
+# test_page_reads_well, so a page is loaded once for both).
+_AXE_FINDINGS: dict[str, list[str]] = {}
 
 pytestmark = pytest.mark.slow
 
@@ -307,6 +337,19 @@ async ([lineLength, checkColumns]) => {
       mathFixed.push(`display math that cannot scroll: ${describe(math)}`);
     }
   }
+  // A formula's box scrolls sideways, so it clips what sticks out above or below:
+  // nothing may. On a laptop no formula may need its scroll bar at all.
+  const mathCut = [];
+  for (const math of article.querySelectorAll("mjx-container[display='true']")) {
+    if (math.getBoundingClientRect().width === 0) continue;
+    const wide = math.scrollWidth - math.clientWidth;
+    const tall = math.scrollHeight - math.clientHeight;
+    if (checkColumns && wide > 2) {
+      mathCut.push(`display math ${wide} px wider than the column: ${describe(math)}`);
+    } else if (tall > 1) {
+      mathCut.push(`display math cut ${tall} px above or below: ${describe(math)}`);
+    }
+  }
   const codeBoxes = [...article.querySelectorAll("pre")]
       .filter(pre => pre.getBoundingClientRect().width > 0).length;
   const links = [...document.querySelectorAll("a[href]")]
@@ -314,7 +357,8 @@ async ([lineLength, checkColumns]) => {
   return {
     links,
     title: document.title, hasMath, mathjaxLoaded, brokenImages, untypeset, mathErrors,
-    text: texts.join(" "), sticksOut, scrolling, wrapped, narrow, mathFixed, codeBoxes,
+    text: texts.join(" "), sticksOut, scrolling, wrapped, narrow, mathFixed, mathCut,
+    codeBoxes,
     containers: document.querySelectorAll("mjx-container").length,
     pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
   };
@@ -342,6 +386,8 @@ def _check_page(browser, site, page, width):
             visit.page.wait_for_url(f"{site}/{PAGES[1]}.html")
             visit.page.wait_for_load_state("load")
             return {"title": visit.page.title()}, _capped(visit.problems)
+        if width >= LAPTOP:  # before _INSPECT opens the dropdowns: as a reader finds it
+            _AXE_FINDINGS[page] = _axe(visit.page)
         result = visit.page.evaluate(_INSPECT, [LINE_LENGTH, width >= LAPTOP])
         if TAKE_SCREENSHOTS:
             shot = SCREENSHOTS / f"{page}@{width}.png"
@@ -373,6 +419,7 @@ def _check_page(browser, site, page, width):
     problems += _capped([f"wraps its lines: {item}" for item in result["wrapped"]])
     problems += _capped([f"too narrow for code: {item}" for item in result["narrow"]])
     problems += _capped(result["mathFixed"])
+    problems += _capped(result["mathCut"])
     if (ROOT / f"{page}.ipynb").exists():  # a chapter: launch it, download it, edit it
         for what, pattern in LAUNCH_LINKS.items():
             if not any(re.search(pattern, link) for link in result["links"]):
@@ -380,6 +427,41 @@ def _check_page(browser, site, page, width):
                     f"no {what} link (launch_buttons / repository in _config.yml)"
                 )
     return result, problems
+
+
+def _set_mode(page, mode: str) -> None:
+    """Light or dark, as the theme's switch sets it."""
+    page.evaluate(
+        "mode => { document.documentElement.dataset.theme = mode;"
+        " document.documentElement.dataset.mode = mode; }",
+        mode,
+    )
+
+
+def _axe(page) -> list[str]:
+    """axe-core's serious and critical findings on the open page, light and dark."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+    page.evaluate(Axe().axe_script)
+    findings = []
+    for mode, options in (("light", AXE_LIGHT), ("dark", AXE_DARK)):
+        _set_mode(page, mode)
+        violations = page.evaluate("options => axe.run(document, options)", options)
+        for rule in violations["violations"]:
+            if rule.get("impact") not in AXE_FAILS:
+                continue
+            nodes = rule["nodes"]
+            examples = "; ".join(
+                f"{' '.join(map(str, node['target']))}: {node['html'][:100]!r}"
+                for node in nodes[:3]
+            )
+            findings.append(
+                f"{mode}: {rule['id']} ({rule['impact']}, {len(nodes)} elements: "
+                f"{rule['help']}), e.g. {examples}"
+            )
+    _set_mode(page, "light")
+    return findings
 
 
 def test_every_built_page_is_checked(site):
@@ -410,3 +492,69 @@ def test_the_checks_see_the_code(browser, site):
     result, _ = _check_page(browser, site, "chapters/05_gradients", LAPTOP)
     assert result["codeBoxes"] >= 20
     assert 80 <= LINE_LENGTH <= 88
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p != "index"])
+def test_page_is_accessible(browser, site, page):
+    """No serious or critical axe-core finding (WCAG 2.1 AA), light or dark."""
+    if page not in _AXE_FINDINGS:  # run on its own, not after test_page_reads_well
+        visit = _Visit(browser, site, page, LAPTOP)
+        try:
+            visit.page.goto(visit.url, wait_until="load")
+            _AXE_FINDINGS[page] = _axe(visit.page)
+        finally:
+            visit.close()
+    findings = _AXE_FINDINGS[page]
+    assert not findings, f"{page}.html:\n  " + "\n  ".join(findings)
+
+
+# The focus ring: the outline or box shadow of the element that has the focus.
+_FOCUS = r"""
+() => {
+  const el = document.activeElement;
+  const style = getComputedStyle(el);
+  const outline = style.outlineStyle !== "none" && parseFloat(style.outlineWidth) >= 1;
+  const shadow = style.boxShadow && style.boxShadow !== "none";
+  return {tag: el.tagName, text: (el.textContent || "").trim().slice(0, 40),
+          inArticle: !!el.closest("article"), ring: outline || shadow};
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_keyboard_focus_is_visible(browser, site, mode):
+    # The first Tab press reaches the skip link; after a click into the text, Tab
+    # reaches the next link of the article. Both must show where the focus is.
+    visit = _Visit(browser, site, "chapters/05_gradients", LAPTOP)
+    try:
+        visit.page.goto(visit.url, wait_until="load")
+        _set_mode(visit.page, mode)
+        visit.page.keyboard.press("Tab")
+        first = visit.page.evaluate(_FOCUS)
+        visit.page.locator("article.bd-article section > p").first.click()
+        visit.page.keyboard.press("Tab")
+        inside = visit.page.evaluate(_FOCUS)
+    finally:
+        visit.close()
+    assert first["ring"], f"no focus ring on the first element Tab reaches: {first}"
+    assert inside["inArticle"] and inside["tag"] == "A", inside
+    assert inside["ring"], f"no focus ring on a link of the article: {inside}"
+
+
+def test_figures_get_the_measured_column(browser, site):
+    # test_figures.py sizes every figure's labels for a figure shown CONTENT_WIDTH_390
+    # px wide on a phone (tests/book/_site_geometry.py): a narrower column would make
+    # them smaller, a wider one means the constant (and the labels' sizes) are stale.
+    column = CONTENT_WIDTH_390
+    visit = _Visit(browser, site, "chapters/05_gradients", 390)
+    try:
+        visit.page.goto(visit.url, wait_until="load")
+        widths = visit.page.evaluate(
+            """() => [...document.querySelectorAll("article.bd-article img")]
+                .filter(img => img.naturalWidth > img.getBoundingClientRect().width)
+                .map(img => img.getBoundingClientRect().width)"""
+        )
+    finally:
+        visit.close()
+    assert widths, "no figure wider than the column on the page"
+    assert all(abs(shown - column) <= 1 for shown in widths), (widths, column)
