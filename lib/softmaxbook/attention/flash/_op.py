@@ -51,8 +51,12 @@ class Plan(NamedTuple):
 
 
 def _own(x: Tensor) -> Tensor:
-    """``x``, copied if it is a view: an output of the operator that is a view of a
-    tensor made inside it could not be modified in place by the caller."""
+    """``x``, contiguous and copied if it is a view: an output of the operator that
+    is a view of a tensor made inside it could not be modified in place by the
+    caller, and the fake kernel promises contiguous outputs (torch's CPU kernel
+    returns its logsumexp transposed)."""
+    if not x.is_contiguous():
+        return x.contiguous()
     return x if x._base is None else x.clone()
 
 
