@@ -81,8 +81,6 @@ DEPRECATIONS: tuple[Deprecation, ...] = (
     Deprecation("path", "fused", "torch-fused", "0.3", "0.4"),
     Deprecation("path", "torch", "tiles (flash_attention) or explicit", "0.3", "0.4"),
     Deprecation("path", "dropout", "explicit", "0.3", "0.4"),
-    # 0.2: sink_softmax's keyword (softmaxbook.normalizers.sinks)
-    Deprecation("keyword", "sink_softmax(sink=)", "sinks=", "0.2", "0.3"),
 )
 
 #: Modules that moved, old dotted path -> new: the old path still imports, and
@@ -121,14 +119,15 @@ def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
     Each ``function(old=)`` must be in :data:`DEPRECATIONS` (which says when it
     goes); the decorator records it in :data:`APPLIED_KEYWORDS`.
 
-    >>> import warnings
-    >>> @renamed_keywords(sink="sinks")
-    ... def sink_softmax(x, *, sinks=None):
+    No keyword is deprecated in 0.3 (0.2's ``sink_softmax(sink=)`` went as
+    announced); a keyword missing from the table is refused:
+
+    >>> def sink_softmax(x, *, sinks=None):
     ...     return sinks
-    >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore")
-    ...     sink_softmax(1, sink=2)
-    2
+    >>> renamed_keywords(sink="sinks")(sink_softmax)
+    Traceback (most recent call last):
+    ...
+    LookupError: sink_softmax(sink=) is not in softmaxbook._api.DEPRECATIONS: ...
     """
 
     def decorate(function: F) -> F:

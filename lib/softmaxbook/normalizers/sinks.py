@@ -86,9 +86,7 @@ def _sink_options(x: Tensor, dim: int, *, sinks: float | Tensor) -> dict[str, Te
     return {"sinks": sinks}
 
 
-@normalizer(
-    sparse=False, sums_to_one=False, options=_sink_options, renamed={"sink": "sinks"}
-)
+@normalizer(sparse=False, sums_to_one=False, options=_sink_options)
 def sink_softmax(x: Tensor, sinks: float | Tensor = 0.0, dim: int = -1) -> Tensor:
     r"""Softmax with a sink logit:
     :math:`p_i = e^{x_i} / (e^{b} + \sum_j e^{x_j})`.
@@ -126,7 +124,7 @@ def sink_softmax(x: Tensor, sinks: float | Tensor = 0.0, dim: int = -1) -> Tenso
     sinks : float or Tensor
         The sink logit(s) :math:`b`; a tensor can require a gradient (a
         learned sink). The default, 0, makes it
-        :func:`~softmaxbook.softmax_one`. (``sink=`` is its deprecated name.)
+        :func:`~softmaxbook.softmax_one`.
     dim : int
         The dimension to normalize; negative values count from the end.
 

@@ -131,16 +131,15 @@ def test_sink_softmax_bad_sinks():
         sb.sink_softmax(x, True)
 
 
-def test_sink_softmax_takes_sinks_by_position_and_by_name_and_sink_with_a_warning():
+def test_sink_softmax_takes_sinks_by_position_and_by_name_and_no_longer_sink():
     x = scores((3, 4))
     b = scores((3, 1), seed=3)
     expected = _cat_reference(x, b)
     torch.testing.assert_close(sb.sink_softmax(x, b, -1), expected)
     torch.testing.assert_close(sb.sink_softmax(x, sinks=b, dim=-1), expected)
-    with pytest.warns(DeprecationWarning, match="use sinks= instead"):
-        torch.testing.assert_close(sb.sink_softmax(x, sink=b), expected)
-    with pytest.raises(TypeError, match="both sink="):
-        sb.sink_softmax(x, sink=b, sinks=b)
+    # 0.2's spelling sink= was removed in 0.3, as its deprecation warning said.
+    with pytest.raises(TypeError, match="sink"):
+        sb.sink_softmax(x, sink=b)
     # The default sink logit, 0, is softmax_one's.
     torch.testing.assert_close(sb.sink_softmax(x), sb.softmax_one(x))
 
