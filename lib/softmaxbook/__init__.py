@@ -139,7 +139,7 @@ from .kernels.dispatch import DispatchDecision, explain_dispatch, triton_availab
 if _typing.TYPE_CHECKING:  # imported on first use at run time: see __getattr__ below
     from . import checks
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"
 
 __all__ = [
     # Softmax and the normalizers

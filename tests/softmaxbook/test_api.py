@@ -327,6 +327,6 @@ def test_the_api_page_has_the_groups_and_the_version():
 
 
 def test_the_version_is_in_the_changelog():
-    assert sb.__version__ == "0.2.1"
+    assert sb.__version__ == "0.3.0"
     changelog = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
     assert f"## [{sb.__version__}]" in changelog
