@@ -332,7 +332,10 @@ class _Entmax15(RowwiseFunction):
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (p,) = ctx.saved_tensors
-        return _support_backward(grad, p.sqrt(), ctx.dim), None
+        # sqrt(p) as p * rsqrt(p) on the support (within an ulp): torch's CPU sqrt
+        # is slow on zeros (weights of (1024, 4096) N(0, 1) rows: 17 ms, this 6.5)
+        s = torch.where(p > 0, p.rsqrt().mul_(p), p)
+        return _support_backward(grad, s, ctx.dim), None
 
 
 # Function.apply binds its arguments with inspect.signature on every call; a
