@@ -12,10 +12,8 @@ every chapter; every page is in the table of contents.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import struct
 from pathlib import Path
 
 import pytest
@@ -163,9 +161,6 @@ MAX_WORDS = 4000
 # time must lie between what a fast and a slow reader need.
 FAST, SLOW = 250, 150
 MIN_DIAGRAMS = 14
-# A figure is shown at most this many pixels wide on a phone, and stays legible when
-# its PNG is no wider than this (8 inches at 100 dpi: labels shrink by at most 2.2x).
-MAX_FIGURE_PX = 800
 HIDING = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
 HARNESS = re.compile(
     r"nbval|pytest|ATEN_CPU_CAPABILITY|MKL_ENABLE|OMP_NUM_THREADS|load average"
@@ -304,22 +299,6 @@ def test_diagrams_have_captions_and_alt_text(page):
         assert "hide-input" in _tags(cell), (
             f"{page.name}: {name} shows its drawing code"
         )
-
-
-def _png_width(data: str) -> int:
-    header = base64.b64decode(data[:64])
-    return struct.unpack(">I", header[16:20])[0]
-
-
-@pytest.mark.parametrize("page", PAGES, ids=_id)
-def test_figures_stay_legible_on_a_phone(page):
-    wide = []
-    for i, cell in enumerate(_nb(page)["cells"]):
-        for out in cell.get("outputs", []):
-            png = out.get("data", {}).get("image/png")
-            if png and _png_width("".join(png)) > MAX_FIGURE_PX:
-                wide.append((i, _png_width("".join(png))))
-    assert not wide, f"{page.name}: figures wider than {MAX_FIGURE_PX} px: {wide}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_id)

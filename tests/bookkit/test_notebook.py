@@ -148,5 +148,6 @@ def test_train_with_a_progress_bar_says_how_to_get_tqdm(monkeypatch):
     _without(monkeypatch, "tqdm")
     data = sb.make_associative_recall(8, n_pairs=2, n_keys=2, n_values=2)
     model = sb.TinyTransformer(4, 5, d_model=8, n_heads=2, n_layers=1)
-    with pytest.raises(ImportError, match=r"train\(progress=True\) needs tqdm.*book"):
+    hint = r"(?s)train\(progress=True\) needs the package tqdm.*softmaxbook\[book\]"
+    with pytest.raises(ImportError, match=hint):
         bk.train(model, data, steps=1, progress=True, track_attention=False)
