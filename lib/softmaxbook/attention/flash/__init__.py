@@ -45,7 +45,7 @@ from ..._validate import check_float
 from ...kernels import dispatch as _dispatch
 from .._args import AttentionArgs, resolve_attention
 from . import _fused
-from ._layout import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE  # the torch path's tiles
+from ._layout import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE  # the tile loop's tiles
 from ._layout import block_sizes, prepare
 from ._op import (
     FlashAttentionFunction,
