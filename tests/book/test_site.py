@@ -430,10 +430,19 @@ def _check_page(browser, site, page, width):
 
 
 def _set_mode(page, mode: str) -> None:
-    """Light or dark, as the theme's switch sets it."""
+    """Light or dark, as the theme's switch sets it. Colour transitions are turned
+    off first: axe-core must measure the colours the mode ends with, not a blend."""
     page.evaluate(
-        "mode => { document.documentElement.dataset.theme = mode;"
-        " document.documentElement.dataset.mode = mode; }",
+        """mode => {
+          if (!document.getElementById("no-transitions")) {
+            const style = document.createElement("style");
+            style.id = "no-transitions";
+            style.textContent = "* { transition: none !important; }";
+            document.head.appendChild(style);
+          }
+          document.documentElement.dataset.theme = mode;
+          document.documentElement.dataset.mode = mode;
+        }""",
         mode,
     )
 
