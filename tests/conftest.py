@@ -125,11 +125,15 @@ def _needs_build(item: pytest.Item) -> bool:
 # goes to whichever worker is free, one by one, so a file of long independent tests
 # (re-trained runs, spawned ring processes) is split between the workers.
 _WHOLE_FILES = ("chapters/", "tests/book/", "tests/coursekit/")
+# The browser tests are split too: each worker opens its own browser once (a session
+# fixture), and axe-core's page checks, the slowest of them, then run on both cores.
+_SPLIT_FILES = ("tests/book/test_site.py",)
 
 
 def _scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return path if path.startswith(_WHOLE_FILES) else nodeid
+    whole = path.startswith(_WHOLE_FILES) and not path.startswith(_SPLIT_FILES)
+    return path if whole else nodeid
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
