@@ -84,24 +84,17 @@ _JIT = {
 # as sm90/sm100_smem_capacity_bytes = 232448.
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
 REGISTER_LIMIT = 255  # per thread, every architecture here
-# The spills the kernels are known to have (reported, not failed): float32 inputs take
-# exact ("ieee") products on the FMA units, which need more registers than a thread
-# has in the forward kernel and, at head dim 128, in the dK, dV kernel. The 16-bit
-# kernels, which run on the tensor cores, must not spill.
-KNOWN_SPILLS = {
-    ("flash_fwd", "float32", 64),
-    ("flash_fwd", "float32", 128),
-    ("flash_bwd_dkdv", "float32", 128),
-}
 
 # The subset the test compiles (about a quarter of a minute per record on a slow
 # core): the kernel with the most live state (dK and dV for a key block) and the
-# forward, at the larger head dimension, fp16, on every architecture.
+# forward, at the larger head dimension, fp16, on every architecture; and the float32
+# forward at head dim 64 on sm_90, which spilled most (2,808 bytes) with 4 warps, before
+# the launcher gave the float32 forward 16 warps.
 SUBSET = [
     (k, a, "float16", 128, "causal")
     for k in ("flash_fwd", "flash_bwd_dkdv")
     for a in ARCHS
-]
+] + [("flash_fwd", 90, "float32", 64, "causal")]
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -274,9 +267,8 @@ def problems(record: dict) -> list[str]:
     out = []
     name = f"{record['kernel']} {record['arch']} {record['dtype']}"
     name += f" head_dim={record['head_dim']} {record['variant']}"
-    known = (record["kernel"], record["dtype"], record["head_dim"]) in KNOWN_SPILLS
     spilled = record["spills"] or record["local_loads"] or record["local_stores"]
-    if spilled and not known:
+    if spilled:
         out.append(
             f"{name}: spills {record['spill_store_bytes']} B stored, "
             f"{record['spill_load_bytes']} B loaded"
@@ -406,9 +398,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in bad:
         print("PROBLEM:", line)
-    for r in report["records"]:
-        if r["spills"] and not problems(r):
-            print("known spill:", r["kernel"], r["arch"], r["dtype"], r["head_dim"])
     for r in report["unsupported"]:
         print("NOT COMPILED:", *r["key"], r["error"].splitlines()[0])
     return 1 if bad else 0

@@ -314,9 +314,10 @@ def _launch_args(
     for sm_80, sm_90 and sm_100: 64-row tiles while a row of the widest tile takes at
     most 256 bytes (head dimension 128 in 16-bit types, 64 in float32), 32-row tiles
     beyond; 8 warps for the backward kernels at that width, whose two float32
-    accumulators would otherwise spill registers on sm_80; and 16-row tiles for the
-    float32 backward, whose exact products run on the FMA units and need the most
-    registers."""
+    accumulators would otherwise spill registers on sm_80. float32 inputs take exact
+    products on the FMA units, which need the most registers: 16-row tiles and 8 warps
+    for their backward, 16 warps for their forward, so that none spills on sm_80,
+    sm_90 or sm_100."""
     R, S, D, DV = p.q.shape[1], p.k.shape[1], p.q.shape[2], p.v.shape[2]
     if p.keep is not None:
         mask = p.keep.view(torch.uint8)  # bool as bytes: a view, no copy
@@ -329,6 +330,10 @@ def _launch_args(
     exact = p.q.dtype == torch.float32  # "ieee" products: FMAs, no tensor cores
     block = 16 if exact and backward else 64 if row_bytes <= 256 else 32
     strides = (*p.q.stride(), *p.k.stride(), *p.v.stride(), *mask.stride())
+    if exact:
+        warps = 8 if backward else 16
+    else:
+        warps = 8 if backward and row_bytes >= 256 else 4
     consts: dict[str, Any] = {
         "HAS_MASK": p.keep is not None,
         "IS_CAUSAL": p.causal is not None,
@@ -337,7 +342,7 @@ def _launch_args(
         "BLOCK_N": block,
         "BLOCK_D": block_d,
         "BLOCK_DV": block_dv,
-        "num_warps": 8 if backward and not exact and row_bytes >= 256 else 4,
+        "num_warps": warps,
     }
     return mask, strides, (R, S, D, DV), (period, offset), consts
 

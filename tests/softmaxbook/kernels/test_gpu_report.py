@@ -31,16 +31,6 @@ ATTENTION = ("flash_fwd", "flash_bwd_dkdv", "flash_bwd_dq")
 # Shared memory one block may use (bytes): 163 KiB on A100 (sm_80), 227 KiB on H100
 # (sm_90) and B200 (sm_100), as NVIDIA's tuning guides and CUTLASS's arch.h state.
 SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024, "sm_100": 227 * 1024}
-# The known spills: float32 inputs take exact ("ieee") products on the FMA units,
-# which need more registers than a thread has in the forward kernel and, at head
-# dimension 128, in the dK, dV kernel (16-row tiles there: still 624 bytes on sm_80).
-# The kernels page says so; a spill anywhere else, and any in float16 or bfloat16,
-# fails.
-KNOWN_SPILLS = {
-    ("flash_fwd", "float32", 64),
-    ("flash_fwd", "float32", 128),
-    ("flash_bwd_dkdv", "float32", 128),
-}
 # What a fresh compile must reproduce exactly.
 # (Not the total instruction count: ptxas-blackwell's scheduling of the same PTX can
 # differ slightly between runs, as the report's ptxas_same_code field shows.)
@@ -64,12 +54,11 @@ def _key(r: dict) -> tuple:
     return (r["kernel"], r["arch"], r["dtype"], r["head_dim"] or r["n_cols"])
 
 
-def _problems(records: list[dict], allowed: frozenset = frozenset()) -> list[str]:
+def _problems(records: list[dict]) -> list[str]:
     out = []
     for r in records:
         name = " ".join(str(x) for x in _key(r))
-        known = (r["kernel"], r["dtype"], r["head_dim"]) in allowed
-        if (r["spills"] or r["local_loads"] or r["local_stores"]) and not known:
+        if r["spills"] or r["local_loads"] or r["local_stores"]:
             out.append(f"{name}: spills {r['spills']} bytes")
         shared = r["shared_bytes"] + r["static_shared_bytes"]
         if shared > SHARED_LIMIT[r["arch"]]:
@@ -98,7 +87,7 @@ def test_stored_report_covers_every_kernel(stored):
 
 def test_stored_report_has_no_spill_and_fits_shared_memory(stored):
     assert stored["shared_limit_bytes"] == SHARED_LIMIT
-    assert _problems(stored["records"], frozenset(KNOWN_SPILLS)) == []
+    assert _problems(stored["records"]) == []
 
 
 def test_half_precision_runs_on_the_tensor_cores(stored):
@@ -126,8 +115,9 @@ def test_checker_catches_a_spill_and_a_full_block():
     assert _problems([{**ok, "spills": 8, "local_stores": 1}])
     assert _problems([{**ok, "shared_bytes": 164 * 1024}])
     assert _problems([{**ok, "arch": "sm_90", "shared_bytes": 164 * 1024}]) == []
-    spill = {**ok, "kernel": "flash_bwd_dkdv", "dtype": "float32", "spills": 8}
-    assert _problems([spill]) and not _problems([spill], frozenset(KNOWN_SPILLS))
+    # float32 too: its exact products on the FMA units may not spill either
+    assert _problems([{**ok, "dtype": "float32", "spills": 8, "local_loads": 1}])
+    assert _problems([{**ok, "dtype": "float32", "local_stores": 1}])
 
 
 @needs_compiler
@@ -149,7 +139,8 @@ def test_fresh_compile_matches_the_stored_report(stored, tmp_path):
     )
     assert _problems(fresh["records"]) == []
     by_key = {_key(r): r for r in stored["records"]}
-    assert len(fresh["records"]) >= 6
+    assert len(fresh["records"]) >= 7
+    assert any(r["dtype"] == "float32" for r in fresh["records"])
     for r in fresh["records"]:
         old = by_key[_key(r)]
         assert {f: r[f] for f in COMPARED} == {f: old[f] for f in COMPARED}, (
