@@ -94,3 +94,24 @@ def test_the_unannotated_check_catches_a_missing_annotation():
         return x
 
     assert _unannotated(half) == ["y", "return"]
+
+
+def test_no_docstring_holds_a_control_character():
+    # A backslash in a docstring that is not a raw string is an escape: ":math:`a
+    # \bmod b`" holds a backspace, and MathJax shows "Math input error" on the API
+    # page. Every docstring of the three packages is read from its source.
+    import ast
+    import re
+    from pathlib import Path
+
+    lib = Path(softmaxbook.__file__).resolve().parents[1]
+    bad = []
+    for path in sorted(lib.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(
+                node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+            ):
+                doc = ast.get_docstring(node, clean=False) or ""
+                if re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f]", doc):
+                    bad.append(f"{path.relative_to(lib)}: {getattr(node, 'name', '')}")
+    assert not bad, f"docstrings with control characters (use r'''...'''): {bad}"

@@ -154,7 +154,7 @@ def _world(group: Any) -> int:
 
 
 def block_owner(rank: int, step: int, world_size: int) -> int:
-    """The rank whose key/value block ``rank`` holds at ``step`` of the ring:
+    r"""The rank whose key/value block ``rank`` holds at ``step`` of the ring:
     :math:`(r - t) \bmod W`, since each rank sends to ``rank + 1`` and receives
     from ``rank - 1``.
 

@@ -82,7 +82,7 @@ def test_triton_softmax_extreme_inputs():
     assert kernels.triton_softmax(_randn(0, 5)).shape == (0, 5)
 
 
-@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("path", ["triton", "explicit"])
 def test_fused_softmax_takes_the_path_explain_dispatch_reports(path, monkeypatch):
     # Force the decision, and watch whether the kernel runs.
     from softmaxbook.kernels import _triton
@@ -221,9 +221,9 @@ def test_triton_flash_attention_bad_input():
 
 def _kernel_and_torch_grads(monkeypatch, q, k, v, grad_out, **kw):
     """Output and (dq, dk, dv) of flash_attention on the Triton path (forward and
-    backward kernels) and on the torch path."""
+    backward kernels) and on the tile loops."""
     results = []
-    for path, device in (("triton", DEVICE), ("torch", "cpu")):
+    for path, device in (("triton", DEVICE), ("tiles", "cpu")):
         leaves = [t.detach().to(device).clone().requires_grad_() for t in (q, k, v)]
         kw = {
             n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in kw.items()
