@@ -9,7 +9,7 @@ CHAPTERS := $(wildcard chapters/*.ipynb chapters/*/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book pdf lint typecheck doctest format test test-fast test-portable test-oldest execute lab bench student clean
+.PHONY: all setup book pdf lint typecheck doctest format test test-a11y test-fast test-portable test-oldest execute lab bench student clean
 
 all: test
 
@@ -60,7 +60,13 @@ format: $(STAMP)
 # and each website or course-kit test file, stay on one worker; the unit tests go one
 # by one to whichever worker is free.
 test: $(STAMP) lint typecheck doctest
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not a11y"
+
+## test-a11y: axe-core's WCAG 2.1 AA rules on every built page, light and dark mode
+# (serious or critical findings fail). Minutes of browser time: run before a merge that
+# touches the theme, the templates, _static/ or a page's markup.
+test-a11y: $(STAMP)
+	$(BIN)/python -m pytest -n 2 tests/book/test_site.py -m a11y -p no:nbval -o addopts=""
 
 ## test-fast: the library's unit tests only
 test-fast: $(STAMP)
