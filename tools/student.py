@@ -705,8 +705,9 @@ _SPAN = re.compile(
 )
 _TARGET = re.compile(r"^\(([^()\s]+)\)=\s*$")
 # What Jupyter would show raw: a role, a directive fence, a MyST target line.
+# Roles are counted with their backtick: "\\mathrm{doc}(i)" in math is no role.
 RAW_MARKUP = re.compile(
-    r"\{glue|:::\{|```\{|\{term\}|\{cite|\{doc\}|\{ref\}|\{numref\}"
+    r"\{glue|:::\{|```\{|\{term\}`|\{cite|\{doc\}`|\{ref\}`|\{numref\}`"
     r"|\{[a-z][\w:-]*\}`|^\([^()\s]+\)=\s*$",
     re.M,
 )

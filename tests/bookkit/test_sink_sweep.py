@@ -33,6 +33,7 @@ import torch
 
 import bookkit as bk
 from bookkit.studies import sink_study as ss
+from bookkit.studies.sweep import dumps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,7 +169,7 @@ def test_the_script_writes_what_load_reads(stored, tmp_path, monkeypatch):
         k: v for k, v in sweep.items() if k != "machine"
     }
     # The stored file is in the script's format, byte for byte (one run a line).
-    assert script._dumps(sweep) == ss.DATA_FILE.read_text()
+    assert dumps(sweep) == ss.DATA_FILE.read_text()
     script.main(["--workers", "1", "--out", str(out), "--variants", "gated"])
     assert {r["variant"] for r in ss.load(out)["runs"]} == {"gated"}
     assert list(ss.load(out)["variants"]) == ["gated"]

@@ -159,7 +159,7 @@ def scaled_dot_product_attention(
         (:func:`~softmaxbook.repeat_kv_heads`).
     normalizer : str or callable
         ``"softmax"`` or another name in
-        :data:`~softmaxbook.attention.NORMALIZERS`, or a callable
+        ``softmaxbook.NORMALIZERS``, or a callable
         ``f(scores, dim=-1)`` that maps scores (``-inf`` at masked entries) to
         weights of the same shape.
     sinks : Tensor, optional

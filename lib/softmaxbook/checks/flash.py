@@ -205,11 +205,13 @@ def check_flash_backward(
     r"""Check a student's FlashAttention backward pass,
     ``fn(q, k, v, out, lse, grad_output) -> (dq, dk, dv)``.
 
-    With the weights recomputed from the logsumexp, :math:`P = e^{s - \mathrm{lse}}`,
+    With the weights recomputed from the logsumexp, :math:`P = e^{Z - \mathrm{lse}}`,
 
-    .. math:: dV = P^\top dO, \quad dP = dO\, V^\top, \quad
-              dS = P \circ (dP - D), \quad
-              dQ = dS\, K / \sqrt{d}, \quad dK = dS^\top Q / \sqrt{d}
+    .. math::
+
+       dV &= P^\top dO, \qquad dP = dO\, V^\top, \\
+       dZ &= P \circ (dP - D), \\
+       dQ &= dZ\, K / \sqrt{d_k}, \qquad dK = dZ^\top Q / \sqrt{d_k}
 
     where :math:`D_i = \sum_d dO_{id}\, O_{id}` (one number per query row).
     ``out`` and ``lse`` are given as the forward pass returns them (``lse``

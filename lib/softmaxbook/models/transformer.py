@@ -40,7 +40,7 @@ class MultiHeadAttention(nn.Module):
     n_heads : int
         Number of heads ``H``.
     normalizer : str or callable
-        A name in :data:`~softmaxbook.NORMALIZERS` or ``f(scores, dim=-1)``.
+        A name in ``softmaxbook.NORMALIZERS`` or ``f(scores, dim=-1)``.
     scale : float, optional
         Multiplies :math:`QK^\top`; defaults to :math:`1/\sqrt{D}`.
     temperature : float
@@ -209,7 +209,7 @@ class TinyTransformer(nn.Module):
         Hidden width of the MLPs; defaults to ``4 * d_model``.
     normalizer : str or callable
         How scores become weights: ``"softmax"`` or any name in
-        :data:`~softmaxbook.NORMALIZERS`, or ``f(scores, dim=-1)``.
+        ``softmaxbook.NORMALIZERS``, or ``f(scores, dim=-1)``.
     scale : float, optional
         Multiplies :math:`QK^\top`; default :math:`1/\sqrt{D}` with
         ``D = d_model // n_heads``; ``1.0`` trains without the scale.

@@ -177,8 +177,8 @@ class _FlashAttention:
         return "softmaxbook.FlashAttention"
 
 
-#: FlashAttention as one op (see its docstring): ``FlashAttention.apply(q, k, v,
-#: is_causal)``, as a course's own autograd Function is called.
+#: FlashAttention as one op, called as a course's own autograd Function is called,
+#: ``FlashAttention.apply(q, k, v, is_causal)``; the class docstring says more.
 FlashAttention = _FlashAttention()
 FlashAttention.__doc__ = _FlashAttention.__doc__
 
