@@ -380,9 +380,9 @@ def flash_attention_backward(
 
     .. math::
 
-        dV = P^\top dO, \quad dP = dO\, V^\top, \quad
-        dS = P \circ (dP - \delta), \quad
-        dQ = dS\, K \cdot \text{scale}, \quad dK = dS^\top Q \cdot \text{scale}
+        dV &= P^\top dO, \qquad dP = dO\, V^\top, \\
+        dZ &= P \circ (dP - \delta), \\
+        dQ &= dZ\, K \cdot \text{scale}, \qquad dK = dZ^\top Q \cdot \text{scale}
 
     with :math:`\delta_i = \sum_j P_{ij}\, dP_{ij} = \sum_d dO_{id}\, O_{id}`.
     The second form of :math:`\delta` needs only ``out`` and ``grad_output``,
@@ -393,7 +393,7 @@ def flash_attention_backward(
     ``lse`` and ``out`` may come from a larger computation than this call's
     keys (ring attention passes the merged ones): the result is then this
     key block's share of the gradients. A gradient ``grad_lse`` for the
-    logsumexp adds :math:`P_{ij}\, d\mathrm{lse}_i` to :math:`dS`.
+    logsumexp adds :math:`P_{ij}\, d\mathrm{lse}_i` to :math:`dZ`.
 
     Shapes: as :func:`flash_attention`; ``out`` and ``grad_output`` are
     ``(..., L, Dv)``, ``lse`` and ``grad_lse`` ``(..., L)``. Returns ``(dq,
