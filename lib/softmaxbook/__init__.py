@@ -63,8 +63,10 @@ from .masking import (
 from .patterns import (
     alibi_bias,
     alibi_slopes,
+    chunked_mask,
     document_ids,
     document_mask,
+    document_positions,
     prefix_lm_mask,
     sliding_window_mask,
 )
@@ -123,13 +125,15 @@ from .analysis import (
 )
 
 # isort: split
-# Models: a small transformer with a pluggable normalizer, and a task for it.
+# Models: a small transformer with a pluggable normalizer, a task for it, and the
+# router of a mixture-of-experts layer.
 from .models import (
     MultiHeadAttention,
     TinyTransformer,
     TransformerBlock,
     make_associative_recall,
 )
+from .routing import route_topk
 
 # isort: split
 # Devices and kernels: where the work runs, and which path a call takes.
@@ -152,7 +156,7 @@ __all__ = [
     "causal_mask", "padding_mask", "masked_softmax", "additive_mask", "mask_fill_value",
     "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
     "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
-    "BlockSparsity", "flex_attention",
+    "BlockSparsity", "flex_attention", "chunked_mask", "document_positions",
     # Attention
     "scaled_dot_product_attention", "online_softmax", "merge_attention_states",
     "FlashAttention", "flash_attention", "flash_attention_backward",
@@ -173,7 +177,7 @@ __all__ = [
     "ignore_gap",
     # Models
     "make_associative_recall", "MultiHeadAttention", "TransformerBlock",
-    "TinyTransformer",
+    "TinyTransformer", "route_topk",
     # Devices and kernels
     "get_device", "DEVICE_ENV_VAR", "explain_dispatch", "DispatchDecision",
     "triton_available",
@@ -195,7 +199,7 @@ API_GROUPS: dict[str, tuple[str, ...]] = {
     "Gradients": ("gradients",),
     "The output layer": ("losses", "sampling"),
     "Analysis": ("analysis",),
-    "Models": ("models",),
+    "Models": ("models", "routing"),
     "Devices and kernels": ("device", "kernels"),
     "References and the grader": ("reference", "checks"),
 }  # fmt: skip
@@ -206,7 +210,8 @@ _EXPERIMENTAL = frozenset({
     "NormalizerInfo", "softpick", "scalable_softmax", "adaptive_temperature_softmax",
     "stick_breaking", "relu_attention", "differential_attention",
     "selective_attention", "qk_clip_", "ignore_gap", "FlashAttention",
-    "block_mask_from_mod", "BlockSparsity",
+    "chunked_mask", "document_positions",
+    "block_mask_from_mod", "BlockSparsity", "route_topk",
 })  # fmt: skip
 
 #: ``"stable"`` or ``"experimental"`` for every public name (see the module docstring).

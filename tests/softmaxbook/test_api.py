@@ -61,7 +61,7 @@ PUBLIC = {
     "entropy", "attention_entropy", "attention_distance", "attention_sparsity",
     # models
     "make_associative_recall", "MultiHeadAttention", "TransformerBlock",
-    "TinyTransformer",
+    "TinyTransformer", "route_topk",
     # devices and the kernel dispatch
     "get_device", "DEVICE_ENV_VAR", "explain_dispatch", "DispatchDecision",
     "triton_available",
