@@ -6,9 +6,13 @@ models combine a few more patterns, all built here from position indices:
 * :func:`document_mask`: several documents packed into one row (or a
   variable-length batch) must not attend across document boundaries;
   :func:`document_ids` builds the ids from the documents' lengths.
+  :func:`document_positions` restarts the position ids at every document.
 * :func:`sliding_window_mask`: each query sees only its ``window`` most
   recent keys, itself included (local attention), or, two-sided, the keys
   less than ``window`` positions away on either side.
+* :func:`chunked_mask`: the row is cut into chunks of ``chunk`` positions
+  and each query sees only the keys of its own chunk (Llama 4's chunked
+  attention).
 * :func:`prefix_lm_mask`: a prefix that attends bidirectionally, followed
   by causal attention.
 * :func:`alibi_slopes` and :func:`alibi_bias`: ALiBi's additive distance
@@ -35,7 +39,9 @@ from .masking import causal_mask
 __all__ = [
     "document_ids",
     "document_mask",
+    "document_positions",
     "sliding_window_mask",
+    "chunked_mask",
     "prefix_lm_mask",
     "alibi_slopes",
     "alibi_bias",
@@ -217,6 +223,59 @@ def document_mask(
     return same
 
 
+def document_positions(ids: Tensor) -> Tensor:
+    r"""Position ids that restart at 0 at every document of a packed row.
+
+    A document is a maximal run of equal ids (as :func:`document_ids` writes
+    them); position :math:`j` gets :math:`j - s(j)`, with :math:`s(j)` the
+    first position of its run. These are the position ids of sequence
+    packing: each document is numbered as if it stood alone, and Hugging Face
+    ``transformers`` reads the document boundaries back from the restarts
+    (where the ids return to their minimum) for FlashAttention's
+    variable-length kernel. A run of padding (``-1``) is numbered like a document.
+
+    Shapes: ``ids`` is ``(..., L)``; returns ``(..., L)``, dtype
+    ``torch.long``, on the device of ``ids``.
+
+    Equivalent to concatenating ``arange(n)`` over the documents' lengths:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> ids = sb.document_ids([3, 2, 4])
+    >>> sb.document_positions(ids)
+    tensor([0, 1, 2, 0, 1, 0, 1, 2, 3])
+    >>> torch.cat([torch.arange(n) for n in (3, 2, 4)])
+    tensor([0, 1, 2, 0, 1, 0, 1, 2, 3])
+
+    Parameters
+    ----------
+    ids : Tensor
+        Integer document ids, ``(..., L)``.
+
+    Returns
+    -------
+    Tensor
+        ``(..., L)``: the position of every token inside its document.
+
+    Raises
+    ------
+    TypeError
+        If ``ids`` is not an integer tensor.
+    ValueError
+        If ``ids`` is 0-dimensional.
+    """
+    _check_ids(ids, "ids")
+    L = ids.shape[-1]
+    j = torch.arange(L, device=ids.device).expand(ids.shape)  # (..., L)
+    if L == 0:
+        return j.clone()
+    starts = torch.ones_like(ids, dtype=torch.bool)  # position 0 opens a run
+    starts[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    # The start of each position's run: the last start at or before it.
+    first = torch.where(starts, j, torch.zeros_like(j)).cummax(dim=-1).values
+    return j - first
+
+
 def sliding_window_mask(
     L: int,
     S: int | None = None,
@@ -300,6 +359,76 @@ def sliding_window_mask(
     if causal:
         return (distance >= 0) & (distance < window)
     return distance.abs() < window
+
+
+def chunked_mask(
+    L: int,
+    S: int | None = None,
+    *,
+    chunk: int,
+    causal: bool = True,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""Chunked attention: the row is cut into chunks of ``chunk`` positions and
+    query :math:`i` sees key :math:`j` iff :math:`\lfloor i / c \rfloor =
+    \lfloor j / c \rfloor` (and :math:`j \le i` if ``causal``).
+
+    Unlike a sliding window, the span depends on where a query falls in its
+    chunk: a causal query sees ``i mod c + 1`` keys, from 1 to ``chunk``.
+    This is the local attention of Llama 4's RoPE layers (Meta's
+    ``create_chunked_attention_mask``, chunk 8192): a causal document mask
+    whose documents are the chunks. Positions are aligned at the top-left,
+    like :func:`~softmaxbook.causal_mask`; ``chunk >= max(L, S)`` gives the
+    causal mask (or, with ``causal=False``, no mask).
+
+    Shapes: returns ``(L, S)`` (``S`` defaults to ``L``), dtype ``bool``.
+
+    Equivalent to ``(i // c == j // c) & (j <= i)`` for ``i = arange(L)[:,
+    None]``, ``j = arange(S)``:
+
+    >>> import torch
+    >>> import softmaxbook as sb
+    >>> i, j = torch.arange(6)[:, None], torch.arange(6)
+    >>> mask = sb.chunked_mask(6, chunk=3)
+    >>> torch.equal(mask, (i // 3 == j // 3) & (j <= i))
+    True
+    >>> mask.sum(-1)  # i mod 3 + 1 keys
+    tensor([1, 2, 3, 1, 2, 3])
+    >>> torch.equal(mask, sb.document_mask(torch.arange(6) // 3, causal=True))
+    True
+
+    Parameters
+    ----------
+    L, S : int
+        Numbers of queries and keys, ``>= 1`` (``S`` defaults to ``L``).
+    chunk : int
+        The chunk size :math:`c \ge 1`; 1 keeps only the diagonal (causal).
+    causal : bool
+        Keys after the query are forbidden (``True``) or allowed within the
+        chunk (``False``: block-diagonal).
+    device : torch.device or str, optional
+        Where to create the mask.
+
+    Returns
+    -------
+    Tensor
+        ``(L, S)`` boolean, True = may attend.
+
+    Raises
+    ------
+    TypeError
+        If a size or ``chunk`` is not an int, or ``causal`` not a bool.
+    ValueError
+        If a size or ``chunk`` is smaller than 1.
+    """
+    L = check_positive_int(L, "L")
+    S = L if S is None else check_positive_int(S, "S")
+    chunk = check_positive_int(chunk, "chunk")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    i, j = torch.arange(L, device=device).unsqueeze(-1), torch.arange(S, device=device)
+    same = (i // chunk) == (j // chunk)  # (L, S)
+    return same & (j <= i) if causal else same
 
 
 def prefix_lm_mask(

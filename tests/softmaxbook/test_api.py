@@ -30,7 +30,7 @@ PUBLIC = {
     # attention patterns and the FlexAttention idea
     "document_ids", "document_mask", "sliding_window_mask", "prefix_lm_mask",
     "alibi_slopes", "alibi_bias", "mask_from_mod", "block_mask_from_mod",
-    "BlockSparsity", "flex_attention",
+    "BlockSparsity", "flex_attention", "chunked_mask", "document_positions",
     # bounded logits and the output layer's losses
     "soft_cap", "max_attention_logits", "qk_clip_", "label_smoothed_cross_entropy",
     "z_loss", "chunked_cross_entropy",

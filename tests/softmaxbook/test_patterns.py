@@ -265,3 +265,103 @@ def test_alibi_errors():
         sb.alibi_bias(torch.tensor([1, 2]), 3)
     with pytest.raises(ValueError, match="slopes must be 1-D"):
         sb.alibi_bias(torch.ones(2, 2), 3)
+
+
+# --- document_positions -------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=6))
+def test_document_positions_restart_at_every_document(lengths):
+    # Hugging Face's culen2pos: one arange per document, concatenated
+    ids = sb.document_ids(lengths)
+    positions = sb.document_positions(ids)
+    expected = torch.cat([torch.arange(n) for n in lengths])
+    assert torch.equal(positions, expected)
+    # and back: the restarts (positions == 0) are where the documents begin,
+    # which is how transformers builds cu_seqlens from packed position ids
+    starts = (positions == 0).nonzero().view(-1)
+    bounds = torch.cat([starts, torch.tensor([len(ids)])])
+    assert bounds.diff().tolist() == list(lengths)
+
+
+def test_document_positions_batch_padding_and_empty():
+    ids = torch.stack([sb.document_ids([2, 3], 7), sb.document_ids([7])])
+    assert sb.document_positions(ids).tolist() == [
+        [0, 1, 0, 1, 2, 0, 1],  # the padding run is numbered like a document
+        list(range(7)),
+    ]
+    assert sb.document_positions(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
+    assert sb.document_positions(torch.tensor([5])).tolist() == [0]
+    assert sb.document_positions(torch.tensor([1, 1], dtype=torch.int32)).dtype == (
+        torch.long
+    )
+
+
+def test_document_positions_errors():
+    with pytest.raises(TypeError, match="ids must be an integer"):
+        sb.document_positions(torch.zeros(3))
+    with pytest.raises(TypeError, match="ids must be an integer"):
+        sb.document_positions(torch.zeros(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        sb.document_positions(torch.tensor(1))
+    with pytest.raises(TypeError, match=r"ids must be a torch\.Tensor"):
+        sb.document_positions([0, 0, 1])
+
+
+# --- chunked_mask -------------------------------------------------------------------
+
+
+def _meta_chunked_mask(seq_len: int, chunk: int) -> torch.Tensor:
+    # Meta's create_chunked_attention_mask (llama-models, models/llama4/model.py)
+    block_pos = torch.abs(
+        (torch.arange(seq_len).unsqueeze(0) // chunk)
+        - (torch.arange(seq_len).unsqueeze(1) // chunk)
+    )
+    token_pos = torch.arange(seq_len).unsqueeze(0) - torch.arange(seq_len).unsqueeze(1)
+    return (block_pos == 0) & (token_pos <= 0)
+
+
+@pytest.mark.parametrize("L", [1, 5, 12, 17])
+@pytest.mark.parametrize("chunk", [1, 3, 4, 20])
+def test_chunked_mask_matches_llama4_reference(L, chunk):
+    mask = sb.chunked_mask(L, chunk=chunk)
+    assert torch.equal(mask, _meta_chunked_mask(L, chunk))
+    assert mask.sum(-1).tolist() == [i % chunk + 1 for i in range(L)]
+    # a causal document mask whose documents are the chunks
+    assert torch.equal(mask, sb.document_mask(torch.arange(L) // chunk, causal=True))
+    two_sided = sb.chunked_mask(L, chunk=chunk, causal=False)
+    assert torch.equal(two_sided & sb.causal_mask(L), mask)
+
+
+def test_chunked_mask_limits_rectangular_and_attention():
+    assert torch.equal(sb.chunked_mask(6, chunk=6), sb.causal_mask(6))
+    assert torch.equal(sb.chunked_mask(6, chunk=1), torch.eye(6, dtype=torch.bool))
+    assert sb.chunked_mask(4, 6, chunk=8, causal=False).all()
+    i, j = torch.arange(5)[:, None], torch.arange(9)
+    assert torch.equal(sb.chunked_mask(5, 9, chunk=3), (i // 3 == j // 3) & (j <= i))
+    # chunked attention equals attention within each chunk alone
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(10, 4, generator=g, dtype=torch.float64) for _ in "qkv")
+    out = sb.scaled_dot_product_attention(
+        q, k, v, mask=sb.chunked_mask(10, chunk=4), explicit=True
+    )
+    for start in range(0, 10, 4):
+        part = slice(start, start + 4)
+        alone = F.scaled_dot_product_attention(
+            q[part], k[part], v[part], is_causal=True
+        )
+        torch.testing.assert_close(out[part], alone, rtol=1e-12, atol=1e-12)
+
+
+def test_chunked_mask_errors():
+    with pytest.raises(ValueError, match="chunk"):
+        sb.chunked_mask(4, chunk=0)
+    with pytest.raises(TypeError, match="chunk"):
+        sb.chunked_mask(4, chunk=2.0)
+    with pytest.raises(TypeError, match="causal"):
+        sb.chunked_mask(4, chunk=2, causal=None)
+    with pytest.raises(ValueError, match="L"):
+        sb.chunked_mask(0, chunk=2)
+    with pytest.raises(TypeError, match="S"):
+        sb.chunked_mask(3, "4", chunk=2)
