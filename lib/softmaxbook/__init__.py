@@ -84,6 +84,7 @@ from .attention.flash import (
     flash_attention_backward,
     flash_attention_steps,
 )
+from .attention.latent import latent_attention
 from .attention.online import merge_attention_states, online_softmax
 from .attention.ring import RingRun, ring_attention, run_ring_attention
 from .attention.sdpa import scaled_dot_product_attention
@@ -163,7 +164,7 @@ __all__ = [
     "flash_attention_steps", "FlashStep", "CAUSAL_ALIGNMENTS", "repeat_kv_heads",
     "aligned_causal_mask", "split_k_attention", "ring_attention",
     "run_ring_attention", "RingRun", "differential_attention", "selective_attention",
-    "soft_cap", "max_attention_logits", "qk_clip_",
+    "soft_cap", "max_attention_logits", "qk_clip_", "latent_attention",
     # Gradients
     "softmax_jacobian", "softmax_backward", "SoftmaxFunction",
     "softmax_with_custom_backward",
@@ -194,7 +195,7 @@ API_GROUPS: dict[str, tuple[str, ...]] = {
     "Attention": (
         "attention", "attention.online", "attention.flash", "attention.decode",
         "attention.ring", "attention.differential", "attention.selective",
-        "attention.capping",
+        "attention.capping", "attention.latent",
     ),
     "Gradients": ("gradients",),
     "The output layer": ("losses", "sampling"),
@@ -212,6 +213,7 @@ _EXPERIMENTAL = frozenset({
     "selective_attention", "qk_clip_", "ignore_gap", "FlashAttention",
     "chunked_mask", "document_positions",
     "block_mask_from_mod", "BlockSparsity", "route_topk",
+    "latent_attention",
 })  # fmt: skip
 
 #: ``"stable"`` or ``"experimental"`` for every public name (see the module docstring).
