@@ -162,9 +162,19 @@ def yarn_logit_scale(factor: float) -> float:
     factor :math:`s` and divides the attention logits by a temperature
     :math:`t` with :math:`\sqrt{1/t} = 0.1 \ln s + 1`. Its code multiplies the
     rotary ``cos`` and ``sin`` tables by :math:`0.1 \ln s + 1` (the
-    "mscale"), which scales the queries and the keys alike, so the logits by
-    the square. This function returns that square, the factor on the logits;
-    1 for ``factor <= 1`` (no extension).
+    "mscale"), which scales the rotated queries and keys alike, so their
+    dot products by the square. This function returns that square; 1 for
+    ``factor <= 1`` (no extension).
+
+    It is the factor on the whole logit only where RoPE rotates every
+    dimension of the queries and keys. Where it rotates a part (DeepSeek's
+    Multi-head Latent Attention rotates 64 of each head's 192 query/key
+    dimensions), scaled tables multiply only that part's share of the
+    logit. DeepSeek-V3's ``inference/model.py`` (class ``MLA``) instead
+    multiplies the whole softmax scale by ``mscale * mscale``, with
+    ``mscale = 0.1 * args.mscale * ln(rope_factor) + 1``, which is this
+    function's value when ``args.mscale`` is 1 (the default): the same
+    factor, applied to every dimension's share of the logit.
 
     Parameters
     ----------

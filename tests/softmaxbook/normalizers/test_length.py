@@ -117,6 +117,20 @@ def test_yarn_scale_is_what_rotating_scaled_queries_and_keys_gives():
     assert math.isclose(float(ratio), sb.yarn_logit_scale(16), rel_tol=1e-12)
 
 
+def test_yarn_scale_on_part_of_the_dimensions_is_not_the_whole_logit_scale():
+    # With RoPE on 2 of 6 dimensions, scaled tables scale only the rotated share
+    # of the logit; DeepSeek-V3 (inference/model.py, MLA) scales the whole logit.
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 6, generator=g, dtype=torch.float64)
+    factor = sb.yarn_logit_scale(40)
+    assert factor == (0.1 * math.log(40) + 1.0) ** 2  # DeepSeek's mscale**2
+    nope, rope = float(q[:4] @ k[:4]), float(q[4:] @ k[4:])
+    through_tables = nope + factor * rope
+    whole = factor * (nope + rope)
+    assert abs(through_tables - whole) > 1e-3 * abs(whole)
+    assert math.isclose(whole - through_tables, (factor - 1) * nope, rel_tol=1e-12)
+
+
 def test_yarn_logit_scale_errors():
     with pytest.raises(ValueError, match="> 0"):
         sb.yarn_logit_scale(0)
