@@ -9,7 +9,7 @@ CHAPTERS := $(wildcard chapters/*.ipynb chapters/*/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: all setup book pdf lint typecheck doctest format test test-a11y test-fast test-portable test-oldest execute lab bench student clean
+.PHONY: all setup book pdf screenshots lint typecheck doctest format test test-a11y test-fast test-portable test-oldest execute lab bench student clean
 
 all: test
 
@@ -67,6 +67,12 @@ test: $(STAMP) lint typecheck doctest
 # touches the theme, the templates, _static/ or a page's markup.
 test-a11y: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests/book/test_site.py -m a11y -p no:nbval -o addopts=""
+
+## screenshots: a full-page screenshot of every page at 1280 and 390 px in
+# _build/screenshots/ (after `make book`), the browser test run with SCREENSHOTS=1
+screenshots: $(STAMP)
+	SCREENSHOTS=1 $(BIN)/python -m pytest -n 2 tests/book/test_site.py -k reads_well \
+	    -p no:nbval -o addopts=""
 
 ## test-fast: the library's unit tests only
 test-fast: $(STAMP)
