@@ -1,11 +1,14 @@
 """The output layer of a language model, from hidden state to sampled token.
 
-One picture for chapter 7: a hidden state ``h`` goes through the LM head
+Pictures for chapter 7. The output layer: a hidden state ``h`` goes through the LM head
 ``W`` to logits ``z``, is divided by a temperature, filtered (top-k, top-p,
 min-p), turned into probabilities by the softmax and sampled. Every number in
 the picture is computed by the library (``softmaxbook.top_k_filter``,
 ``top_p_filter``, ``min_p_filter``, ``softmax``, ``sample``), so the diagram
-shows what the code does, not a drawing of it.
+shows what the code does, not a drawing of it. The softmax bottleneck
+(:func:`draw_softmax_bottleneck`): the log-probabilities of ``n`` contexts,
+``X W^T`` less a column of logsumexps, have rank at most ``d + 1``. A draft
+tree and its tree-attention mask (:func:`draw_draft_tree`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
     "draw_output_layer",
     "tree_attention_mask",
     "draw_draft_tree",
+    "draw_softmax_bottleneck",
 ]
 
 
@@ -366,4 +370,73 @@ def draw_draft_tree(
     for i in range(n):
         text(ax2, -0.1, n - 0.5 - i, names[i], ha="right")
     text(ax2, (prefix + n) / 2, -0.6, "row $i$: what node $i$ attends to")
+    return fig
+
+
+def draw_softmax_bottleneck(
+    n: int,
+    d: int,
+    v: int,
+    *,
+    rank_softmax: int | None = None,
+    rank_mixture: int | None = None,
+    k: int | None = None,
+    figsize: tuple[float, float] = (6.4, 4.4),
+) -> Figure:
+    """The softmax bottleneck: ``log Pi = X W^T - lambda 1^T`` has rank <= d + 1.
+
+    ``n`` contexts with hidden states ``X`` ``(n, d)`` and an output layer ``W``
+    ``(v, d)``; the boxes are drawn to the shapes' proportions (``d`` against
+    ``n`` and ``v``). ``rank_softmax`` and ``rank_mixture`` are ranks measured
+    by the caller (of one softmax's log-probabilities and of a mixture of ``k``
+    softmaxes'), written under the picture when given.
+    """
+    if not 0 < d <= min(n, v):
+        raise ValueError(f"expected 0 < d <= min(n, v), got d={d}, n={n}, v={v}")
+    unit = 4.6 / max(n, v)  # the longer of n and v is 4.6 units
+    hn, wv, wd = n * unit, v * unit, max(d * unit, 0.55)
+    gap = 0.55
+    width = wd + wv + 0.5 + wv + 4 * gap + 0.4
+    height = 2.3 + hn + 0.8
+    fig, ax = canvas(width, height, figsize=figsize, title="The softmax bottleneck")
+    y0 = 2.3  # bottom of the row of matrices
+    x = 0.2
+    # H: n x d
+    box(ax, x, y0, wd, hn, "", color=PALETTE[4], rounded=False)
+    text(ax, x + wd / 2, y0 + hn + 0.35, "$X$")
+    text(ax, x + wd / 2, y0 - 0.4, f"{n}$\\times${d}")
+    x += wd + gap
+    # W^T: d x v, aligned with the top of H
+    box(ax, x, y0 + hn - wd, wv, wd, "", color=PALETTE[0], rounded=False)
+    text(ax, x + wv / 2, y0 + hn + 0.35, "$W^{\\top}$")
+    text(ax, x + wv / 2, y0 + hn - wd - 0.4, f"{d}$\\times${v}")
+    text(
+        ax,
+        x + wv / 2,
+        y0 + hn / 2 - 0.9,
+        "logits $XW^{\\top}$:\nrank $\\leq$ " + str(d),
+    )
+    text(ax, x - gap / 2, y0 + hn / 2, "$\\times$")
+    x += wv + gap
+    # the column of normalizers, log Z: n x 1
+    text(ax, x - gap / 2, y0 + hn / 2, "$-$")
+    box(ax, x, y0, 0.5, hn, "", color=PALETTE[1], rounded=False)
+    text(ax, x + 0.25, y0 + hn + 0.35, "$\\lambda$")
+    x += 0.5 + gap
+    text(ax, x - gap / 2, y0 + hn / 2, "$=$")
+    # log P: n x v
+    box(ax, x, y0, wv, hn, "", color=PALETTE[2], rounded=False)
+    text(ax, x + wv / 2, y0 + hn + 0.35, "$\\log \\Pi$")
+    text(ax, x + wv / 2, y0 + hn / 2, f"rank\n$\\leq$ {d} + 1")
+    text(ax, x + wv / 2, y0 - 0.4, f"{n}$\\times${v}")
+    lines = [
+        f"contexts $n$ = {n}, hidden size {d}, vocabulary {v}",
+    ]
+    if rank_softmax is not None:
+        lines.append(f"measured rank of one softmax's $\\log \\Pi$: {rank_softmax}")
+    if rank_mixture is not None:
+        of = f" of {k}" if k is not None else ""
+        lines.append(f"measured rank of a mixture{of} softmaxes: {rank_mixture}")
+    for i, line in enumerate(lines):
+        text(ax, width / 2, 1.35 - 0.5 * i, line, fontsize=12.5)
     return fig
