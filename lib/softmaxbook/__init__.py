@@ -85,6 +85,7 @@ from .attention.flash import (
     flash_attention_steps,
 )
 from .attention.latent import latent_attention
+from .attention.linear_recurrent import gated_delta_rule, linear_attention
 from .attention.online import merge_attention_states, online_softmax
 from .attention.ring import RingRun, ring_attention, run_ring_attention
 from .attention.sdpa import scaled_dot_product_attention
@@ -165,6 +166,7 @@ __all__ = [
     "aligned_causal_mask", "split_k_attention", "ring_attention",
     "run_ring_attention", "RingRun", "differential_attention", "selective_attention",
     "soft_cap", "max_attention_logits", "qk_clip_", "latent_attention",
+    "linear_attention", "gated_delta_rule",
     # Gradients
     "softmax_jacobian", "softmax_backward", "SoftmaxFunction",
     "softmax_with_custom_backward",
@@ -195,7 +197,7 @@ API_GROUPS: dict[str, tuple[str, ...]] = {
     "Attention": (
         "attention", "attention.online", "attention.flash", "attention.decode",
         "attention.ring", "attention.differential", "attention.selective",
-        "attention.capping", "attention.latent",
+        "attention.capping", "attention.latent", "attention.linear_recurrent",
     ),
     "Gradients": ("gradients",),
     "The output layer": ("losses", "sampling"),
@@ -213,7 +215,7 @@ _EXPERIMENTAL = frozenset({
     "selective_attention", "qk_clip_", "ignore_gap", "FlashAttention",
     "chunked_mask", "document_positions",
     "block_mask_from_mod", "BlockSparsity", "route_topk",
-    "latent_attention",
+    "latent_attention", "linear_attention", "gated_delta_rule",
 })  # fmt: skip
 
 #: ``"stable"`` or ``"experimental"`` for every public name (see the module docstring).

@@ -53,7 +53,7 @@ PUBLIC = {
     "sink_softmax", "softpick", "clipped_softmax", "relu_attention", "ignore_gap",
     "scalable_softmax", "yarn_logit_scale", "adaptive_temperature_softmax",
     "stick_breaking", "differential_attention", "selective_attention",
-    "latent_attention",
+    "latent_attention", "linear_attention", "gated_delta_rule",
     # sampling and calibration
     "top_k_filter", "top_p_filter", "sample", "ReliabilityTable", "reliability_table",
     "expected_calibration_error", "fit_temperature", "min_p_filter",
