@@ -399,8 +399,8 @@ def flash_launch_config(
     and dtype (Triton is imported, no GPU needed), so that a diagram or a table
     shows what the GPU kernel really uses: ``BLOCK_M`` query rows and
     ``BLOCK_N`` keys per tile, the head dimensions padded to ``BLOCK_D`` and
-    ``BLOCK_DV``, ``num_stages`` of the forward pass's pipeline and, with
-    ``backward=True``, the backward kernels' ``num_warps``.
+    ``BLOCK_DV``, ``num_stages`` of the pipeline and ``num_warps``, of the forward
+    kernel or, with ``backward=True``, of the two backward kernels.
 
     Raises
     ------
@@ -417,7 +417,8 @@ def flash_launch_config(
     problem = triton.Flat(q=x, k=x, v=x, keep=None, causal=None, scale=1.0)
     consts = triton._launch_args(problem, backward=backward)[-1]
     config = {k: int(v) for k, v in consts.items() if k.startswith("BLOCK_")}
-    config["num_stages"] = int(triton.FORWARD_STAGES)
+    stages = triton.BACKWARD_STAGES if backward else triton.FORWARD_STAGES
+    config["num_stages"] = int(stages)
     if "num_warps" in consts:
         config["num_warps"] = int(consts["num_warps"])
     return config

@@ -280,9 +280,12 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 _LOG2E = math.log2(math.e)
 #: Software-pipeline depth of the forward kernel: while one tile of keys and values
-#: is used, the next is already loading into shared memory. The backward kernels
-#: keep Triton's default. ``tools/gpu_report.py`` compiles with what the launchers use.
+#: is used, the next is already loading into shared memory. ``tools/gpu_report.py``
+#: compiles with what the launchers use.
 FORWARD_STAGES = 2
+#: The backward kernels' depth: Triton's default for CUDA, passed explicitly so that
+#: ``flash_launch_config(backward=True)`` and the GPU report state what they launch.
+BACKWARD_STAGES = 3
 
 
 class Flat(NamedTuple):
@@ -386,9 +389,11 @@ def flash_backward(
     common = (*strides, *grad_out.stride(), *sizes, float(p.scale))
     common += (float(p.scale * _LOG2E), *causal)
     _flash_attention_dkdv_kernel[(triton.cdiv(S, consts["BLOCK_N"]), BH)](
-        p.q, p.k, p.v, mask, grad_out, lse2, delta, dk, dv, *common, **consts
-    )
+        p.q, p.k, p.v, mask, grad_out, lse2, delta, dk, dv, *common,
+        num_stages=BACKWARD_STAGES, **consts,
+    )  # fmt: skip
     _flash_attention_dq_kernel[(triton.cdiv(R, consts["BLOCK_M"]), BH)](
-        p.q, p.k, p.v, mask, grad_out, lse2, delta, dq, *common, **consts
-    )
+        p.q, p.k, p.v, mask, grad_out, lse2, delta, dq, *common,
+        num_stages=BACKWARD_STAGES, **consts,
+    )  # fmt: skip
     return dq, dk, dv

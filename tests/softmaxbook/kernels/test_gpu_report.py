@@ -146,3 +146,24 @@ def test_fresh_compile_matches_the_stored_report(stored, tmp_path):
         assert {f: r[f] for f in COMPARED} == {f: old[f] for f in COMPARED}, (
             f"{_key(r)} compiles differently from the stored report: `make gpu-report`"
         )
+
+
+def test_launch_config_states_what_the_report_compiled(stored):
+    """What ``flash_launch_config`` tells a diagram (the forward kernel's launch, or
+    with ``backward=True`` the backward kernels') is what the report compiled."""
+    import torch
+
+    from softmaxbook import kernels
+
+    pytest.importorskip("triton")
+    for r in stored["records"]:
+        if r["kernel"] == "softmax":
+            continue
+        config = kernels.flash_launch_config(
+            r["head_dim"],
+            getattr(torch, r["dtype"]),
+            backward=r["kernel"] != "flash_fwd",
+        )
+        name = " ".join(str(x) for x in _key(r))
+        assert config["num_stages"] == r["num_stages"], name
+        assert config["num_warps"] == r["num_warps"], name
