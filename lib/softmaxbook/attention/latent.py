@@ -63,8 +63,8 @@ def _check(
     args |= {"w_uk": w_uk, "w_uv": w_uv}
     tensors = {name: check_float(t, name) for name, t in args.items()}
     for name, t in tensors.items():
-        want = _SHAPES[name].count(",") + 1
-        if t.dim() != want:
+        ndim = _SHAPES[name].count(",") + 1
+        if t.dim() != ndim:
             raise ValueError(
                 f"{name} must have shape {_SHAPES[name]}, got {tuple(t.shape)}"
             )
@@ -81,18 +81,18 @@ def _check(
     b, h, lq, d_nope = qn.shape
     s, d_c = c.shape[1], c.shape[2]
     d_rope = qr.shape[-1]
-    sizes = {
-        "q_rope": (qr.shape, (b, h, lq, d_rope)),
-        "c_kv": (c.shape, (b, s, d_c)),
-        "k_rope": (kr.shape, (b, s, d_rope)),
-        "w_uk": (wk.shape, (h, d_nope, d_c)),
-        "w_uv": (wv.shape, (h, wv.shape[1], d_c)),
+    sizes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+        "q_rope": (tuple(qr.shape), (b, h, lq, d_rope)),
+        "c_kv": (tuple(c.shape), (b, s, d_c)),
+        "k_rope": (tuple(kr.shape), (b, s, d_rope)),
+        "w_uk": (tuple(wk.shape), (h, d_nope, d_c)),
+        "w_uv": (tuple(wv.shape), (h, wv.shape[1], d_c)),
     }
-    for name, (got, want) in sizes.items():
-        if tuple(got) != tuple(want):
+    for key, (got, want) in sizes.items():
+        if got != want:
             raise ValueError(
-                f"{name} must have shape {_SHAPES[name]} = {tuple(want)} to match "
-                f"q_nope {tuple(qn.shape)} and c_kv {tuple(c.shape)}, got {tuple(got)}"
+                f"{key} must have shape {_SHAPES[key]} = {want} to match "
+                f"q_nope {tuple(qn.shape)} and c_kv {tuple(c.shape)}, got {got}"
             )
     return qn, qr, c, kr, wk, wv
 
