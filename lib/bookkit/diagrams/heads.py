@@ -79,14 +79,15 @@ def draw_head_cache(
 def token_cloud(X: np.ndarray) -> np.ndarray:
     """The tokens (rows of ``X``, shape ``(N, D)``) as ``N`` points in the plane.
 
-    Each row minus the mean row, divided by the norm of ``X``, projected on the
-    two leading right singular vectors of the centred matrix: the points'
-    spread is the relative distance of ``X`` from a matrix of identical rows,
-    and a collapsed layer is a single point at the origin.
+    Each row minus the mean row, divided by the root-mean-square norm of the
+    rows, projected on the two leading right singular vectors of the centred
+    matrix: the points' mean squared distance from the origin is at most
+    ``N`` times :math:`r(X)^2`, and a collapsed layer is a single point at the
+    origin.
     """
     X = np.asarray(X, dtype=float)
     centred = X - X.mean(axis=0, keepdims=True)
-    scale = float(np.linalg.norm(X))
+    scale = float(np.linalg.norm(X)) / np.sqrt(X.shape[0])
     if scale == 0.0:
         return np.zeros((X.shape[0], 2))
     _, _, vt = np.linalg.svd(centred, full_matrices=False)
@@ -94,13 +95,16 @@ def token_cloud(X: np.ndarray) -> np.ndarray:
 
 
 def draw_token_collapse(
-    clouds: Mapping[str, Sequence[np.ndarray]], layers: Sequence[int]
+    clouds: Mapping[str, Sequence[np.ndarray]],
+    layers: Sequence[int],
+    reach: float = 1.25,
 ) -> Figure:
     """Rows: stacks; columns: layers; in each box the tokens, as :func:`token_cloud`.
 
     ``clouds[name][i]`` is the ``(N, 2)`` cloud of that stack after
-    ``layers[i]`` layers. Every box has the same scale (half-width 1.05), so a
-    cloud that shrinks to a dot is a stack whose tokens became identical.
+    ``layers[i]`` layers. Every box has the same scale (half-width ``reach``;
+    points beyond it are drawn on its edge), so a cloud that shrinks to a dot
+    is a stack whose tokens became identical.
     """
     cols = len(layers)
     label_w = 4.6
@@ -119,11 +123,11 @@ def draw_token_collapse(
         for c, cloud in enumerate(snapshots):
             x = label_w + c * (side + gap)
             box(ax, x, y, side, side, color=PALETTE[r % len(PALETTE)], fill=0.06)
-            pts = np.asarray(cloud, dtype=float)
+            pts = np.clip(np.asarray(cloud, dtype=float), -reach, reach)
             half = side / 2
             ax.scatter(
-                x + half + pts[:, 0] / 1.05 * half * 0.95,
-                y + half + pts[:, 1] / 1.05 * half * 0.95,
+                x + half + pts[:, 0] / reach * half * 0.9,
+                y + half + pts[:, 1] / reach * half * 0.9,
                 s=10,
                 color=PALETTE[r % len(PALETTE)],
                 zorder=3,
