@@ -231,7 +231,7 @@ def document_positions(ids: Tensor) -> Tensor:
     first position of its run. These are the position ids of sequence
     packing: each document is numbered as if it stood alone, and Hugging Face
     ``transformers`` reads the document boundaries back from the restarts
-    (where the ids return to their minimum) for FlashAttention's
+    (where the position ids equal their minimum) for FlashAttention's
     variable-length kernel. A run of padding (``-1``) is numbered like a document.
 
     Shapes: ``ids`` is ``(..., L)``; returns ``(..., L)``, dtype
@@ -374,7 +374,7 @@ def chunked_mask(
     \lfloor j / c \rfloor` (and :math:`j \le i` if ``causal``).
 
     Unlike a sliding window, the span depends on where a query falls in its
-    chunk: a causal query sees ``i mod c + 1`` keys, from 1 to ``chunk``.
+    chunk: a causal query sees ``i mod c + 1`` keys (``S >= L``), 1 to ``chunk``.
     This is the local attention of Llama 4's RoPE layers (Meta's
     ``create_chunked_attention_mask``, chunk 8192): a causal document mask
     whose documents are the chunks. Positions are aligned at the top-left,
