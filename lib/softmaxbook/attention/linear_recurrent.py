@@ -32,9 +32,9 @@ with a decay gate :math:`\alpha_t \in [0, 1]` and a write strength
 :math:`\beta_t \in [0, 1]`. This is the recurrence that
 ``torch_recurrent_gated_delta_rule`` in Hugging Face transformers'
 ``models/qwen3_next/modeling_qwen3_next.py`` computes (there the state is
-stored transposed, :math:`d_k \times d_v`, :math:`\alpha_t = e^{g_t}`, and
-queries and keys are L2-normalized and the query scaled by
-:math:`1/\sqrt{d_k}` before the call).
+stored transposed, :math:`d_k \times d_v`, :math:`\alpha_t = e^{g_t}`, the
+query is scaled by :math:`1/\sqrt{d_k}`, and Qwen3-Next has the function
+L2-normalize queries and keys first, ``use_qk_l2norm_in_kernel=True``).
 
 Both functions here are the recurrent forms, one step per position, written
 for reading and for checking (float64), not for speed.
