@@ -10,9 +10,9 @@ no-RoPE part and a RoPE part:
 
 .. math::
 
-    s_{hij} = \tau \big( q^{N}_{hi} \cdot W^{UK}_h c^{KV}_j
+    z_{hij} = \mathrm{scale} \cdot \big( q^{N}_{hi} \cdot W^{UK}_h c^{KV}_j
               + q^{R}_{hi} \cdot k^{R}_j \big), \qquad
-    o_{hi} = \sum_j \mathrm{softmax}_j(s_{hi\cdot})\, W^{UV}_h c^{KV}_j .
+    o_{hi} = \sum_j \mathrm{softmax}_j(z_{hi\cdot})\, W^{UV}_h c^{KV}_j .
 
 Both products are associative, so the up-projections can move to the query
 and to the output (the *absorbed* form):
@@ -115,16 +115,17 @@ def latent_attention(
 
     .. math::
 
-        s_{hij} = \tau\,\big(q^{N}_{hi} \cdot W^{UK}_h c_j
+        z_{hij} = \mathrm{scale} \cdot \big(q^{N}_{hi} \cdot W^{UK}_h c_j
                   + q^{R}_{hi} \cdot k^{R}_j\big), \quad
-        o_{hi} = W^{UV}_h \textstyle\sum_j \mathrm{softmax}_j(s_{hi\cdot})\, c_j .
+        o_{hi} = W^{UV}_h \textstyle\sum_j \mathrm{softmax}_j(z_{hi\cdot})\, c_j .
 
     With ``absorb=False`` (DeepSeek's ``"naive"``) each head's keys
     :math:`W^{UK}_h c_j` and values :math:`W^{UV}_h c_j` are built from the
     latent, and attention runs on them. With ``absorb=True`` (``"absorb"``)
     the query is moved into the latent space,
     :math:`\tilde q_{hi} = W^{UK\top}_h q^{N}_{hi} \in \mathbb{R}^{d_c}`, the
-    scores are :math:`\tau(\tilde q_{hi} \cdot c_j + q^R_{hi} \cdot k^R_j)`,
+    scores are
+    :math:`\mathrm{scale} \cdot (\tilde q_{hi} \cdot c_j + q^R_{hi} \cdot k^R_j)`,
     the weights average the latents, and :math:`W^{UV}_h` maps the average
     out. The two are the same function; they differ by rounding only.
 
@@ -155,7 +156,7 @@ def latent_attention(
         ``"bottom_right"`` (the last query sees every key: decoding after a
         cache of ``S - Lq`` tokens); combined with ``mask`` by "and".
     scale : float, optional
-        :math:`\tau`; default ``1 / sqrt(d_nope + d_rope)``, DeepSeek's
+        The factor on the scores; default ``1 / sqrt(d_nope + d_rope)``, DeepSeek's
         ``qk_head_dim ** -0.5`` (before any YaRN factor, which the caller
         multiplies in).
     absorb : bool
