@@ -154,7 +154,7 @@ PAGES = sorted(
     p
     for p in CHAPTERS.rglob("*.ipynb")
     if ".ipynb_checkpoints" not in p.parts
-    and re.match(r"(0[1-9]|10)_", p.relative_to(CHAPTERS).parts[0])
+    and re.match(r"(0[1-9]|1[01])_", p.relative_to(CHAPTERS).parts[0])
 )
 MAX_WORDS = 4000
 # Reading speed of technical prose with formulas, words per minute: a stated reading
@@ -276,7 +276,7 @@ def _diagrams(page: Path) -> list[dict]:
 
 
 def test_every_chapter_draws_diagrams():
-    per_chapter = {f"{n:02d}": 0 for n in range(1, 11)}
+    per_chapter = {f"{n:02d}": 0 for n in range(1, 12)}
     for page in PAGES:
         per_chapter[_chapter(page)] += len(_diagrams(page))
     without = [ch for ch, n in per_chapter.items() if n == 0]
@@ -329,7 +329,7 @@ def test_chapter_one_maps_every_chapter():
     text = "\n".join(
         md for page in PAGES if _chapter(page) == "01" for md in _markdown(_nb(page))
     )
-    unnamed = [n for n in range(2, 11) if not re.search(rf"Chapter\s+{n}\b", text)]
+    unnamed = [n for n in range(2, 12) if not re.search(rf"Chapter\s+{n}\b", text)]
     assert not unnamed, f"chapter 1 does not name chapters {unnamed}"
 
 
