@@ -226,13 +226,16 @@ def flash_attention_backward_op(
     dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
     if ds is None:
         ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)
-    return dq, dk, dv, ds
+    # Contiguous, as the fake kernel promises, whatever layout q, k and v came in.
+    return _own(dq), _own(dk), _own(dv), _own(ds)
 
 
 @flash_attention_backward_op.register_fake
 def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan):  # type: ignore[no-untyped-def]
-    ds = q.new_empty(0) if sinks is None else torch.empty_like(sinks)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ds
+    # Contiguous gradients: empty_like would promise q's strides, which the paths
+    # do not all keep (the tile loops return contiguous gradients).
+    ds = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
 def _setup_op(ctx: Any, inputs: tuple, output: tuple) -> None:

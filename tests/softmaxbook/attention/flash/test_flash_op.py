@@ -339,3 +339,31 @@ def test_every_mask_shape_that_broadcasts_gives_torchs_result(shape, kind):
             sb.flash_attention(q3, k3, v3, mask=mask),
             F.scaled_dot_product_attention(q3, k3, v3, attn_mask=theirs),
         )
+
+
+# ------------------------------------------------------- the registered operator pair
+
+
+@pytest.mark.parametrize("path", ["torch-fused", "tiles"])
+def test_the_fake_kernels_promise_the_real_layouts(path):
+    """torch.library.opcheck on both operators with q, k, v as transposed views,
+    as a model's heads reach attention (``(B, T, H, D).transpose(1, 2)``): a fake
+    kernel that promises other strides than the real one returns makes inductor's
+    compiled backward fail its stride assertions."""
+    from softmaxbook.attention.flash._op import (
+        flash_attention_backward_op,
+        flash_attention_op,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 7, 3, 4, generator=g).transpose(1, 2) for _ in range(3))
+    plan = ("top_left", 0.5, 1, 4, 4, path)
+    checks = ("test_schema", "test_faketensor")  # compiling is tested elsewhere
+    torch.library.opcheck(
+        flash_attention_op, (q, k, v, None, None, *plan), test_utils=checks
+    )
+    out, lse = flash_attention_op(q, k, v, None, None, *plan)
+    grad_out = torch.randn(out.shape, generator=g).transpose(1, 2).contiguous()
+    grad_out = grad_out.transpose(1, 2)  # another layout, as autograd may pass it
+    args = (grad_out.mT.contiguous().mT, None, q, k, v, out, lse, None, None, *plan)
+    torch.library.opcheck(flash_attention_backward_op, args, test_utils=checks)
