@@ -96,6 +96,8 @@ def _check_gate(g: object, name: str, like: Tensor) -> Tensor:
                 f"{name} must broadcast to (..., L) = {tuple(like.shape[:-1])}, "
                 f"got {tuple(t.shape)}"
             ) from None
+    if torch.compiler.is_compiling():  # no reading values into Python in a graph
+        return t
     if bool(torch.isnan(t).any()) or bool(((t < 0) | (t > 1)).any()):
         raise ValueError(f"{name} must lie in [0, 1]")
     return t

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch._dynamo
 
 from softmaxbook.attention.linear_recurrent import gated_delta_rule, linear_attention
 
@@ -169,3 +170,21 @@ def test_bad_inputs_name_the_argument():
         gated_delta_rule(q, k, v, 0.5, torch.rand(3, dtype=torch.float64))
     with pytest.raises(ValueError, match="initial_state"):
         gated_delta_rule(q, k, v, 0.5, 0.5, initial_state=torch.zeros(DK, DV))
+
+
+def test_compiles_fullgraph_and_matches_eager():
+    torch._dynamo.reset()
+    q, k, v = (t[:1, :1, :5].clone().requires_grad_() for t in _qkv(6))
+    lam = _gates(6)[:1, :1, :5]
+
+    def f(q, k, v):
+        a = linear_attention(q, k, v, decay=lam)
+        b = linear_attention(q, k, v, decay=lam, form="parallel")
+        return a + b + gated_delta_rule(q, k, v, lam, 0.5)
+
+    eager = f(q, k, v)
+    (g_eager,) = torch.autograd.grad(eager.sum(), q)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    (g_comp,) = torch.autograd.grad(compiled.sum(), q)
+    assert (compiled - eager).abs().max() <= 1e-12
+    assert (g_comp - g_eager).abs().max() <= 1e-12
