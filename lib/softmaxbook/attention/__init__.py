@@ -11,11 +11,15 @@ r"""Attention: every entry point, sharing one argument resolver.
 - :mod:`~softmaxbook.attention.ring`: ring attention between processes;
 - :mod:`~softmaxbook.attention.differential`,
   :mod:`~softmaxbook.attention.selective`, :mod:`~softmaxbook.attention.capping`:
-  differential and selective attention, bounded logits.
+  differential and selective attention, bounded logits;
+- :mod:`~softmaxbook.attention.latent`: Multi-head Latent Attention against a
+  cached latent, naive or with the up-projections absorbed;
+- :mod:`~softmaxbook.attention.linear_recurrent`: causal linear attention and the
+  gated delta rule, the recurrent layers that hybrid stacks put beside softmax.
 
-Each of them reads its arguments (``mask``/``attn_mask``, ``is_causal``,
-``scale``, ``enable_gqa``, ``sinks``, ``dropout_p``) through the one resolver,
-``softmaxbook.attention._args``.
+The softmax entry points read their arguments (``mask``/``attn_mask``,
+``is_causal``, ``scale``, ``enable_gqa``, ``sinks``, ``dropout_p``) through the
+one resolver, ``softmaxbook.attention._args``.
 """
 
 # Each module is an attribute of the package (``sb.attention.flash``).
@@ -25,6 +29,8 @@ from . import (  # noqa: F401
     differential,
     flash,
     flex,
+    latent,
+    linear_recurrent,
     online,
     ring,
     sdpa,
