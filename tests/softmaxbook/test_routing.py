@@ -128,3 +128,15 @@ def test_bad_arguments(kwargs, error, match):
     logits, k = args.pop("logits"), args.pop("k")
     with pytest.raises(error, match=match):
         route_topk(logits, k, **args)
+
+
+def test_compiles_with_fullgraph():
+    # Dynamo captures the whole router in one graph (aot_eager: no code generation).
+    def f(z, b):
+        return route_topk(z, 2, score="sigmoid", bias=b, scale=2.5)
+
+    z, b = _logits(n=4, E=8), torch.zeros(8, dtype=torch.float64)
+    w, i = torch.compile(f, fullgraph=True, backend="aot_eager")(z, b)
+    w_ref, i_ref = f(z, b)
+    assert torch.equal(i, i_ref)
+    torch.testing.assert_close(w, w_ref, rtol=1e-12, atol=0)

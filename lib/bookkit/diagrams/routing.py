@@ -10,7 +10,7 @@ is computed by ``route_topk`` from the logits given.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,7 +54,7 @@ def draw_router(
     height = 10.4
     fig, ax = canvas(width, height, figsize=(6.4, 6.4 * height / width))
 
-    paths = (
+    paths: tuple[tuple[str, dict[str, Any], torch.Tensor, str], ...] = (
         ("softmax", {"score": "softmax"}, torch.softmax(z, -1)[0], "Mixtral: softmax"),
         (
             "sigmoid",
