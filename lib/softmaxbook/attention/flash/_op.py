@@ -223,6 +223,12 @@ def flash_attention_backward_op(
     empty without sinks)."""
     plan = Plan(causal, scale, groups, block_q, block_k, path)
     saved = (q, k, v, out, lse)
+    if grad_lse is not None and not bool(grad_lse.any()):
+        # A compiled graph hands the operator zeros for a logsumexp nobody used (an
+        # eager Function gets None): without this, every compiled backward pass would
+        # leave torch's fused kernel, which takes no logsumexp gradient, for the tile
+        # loops. Reading values is allowed here: the compiler sees only the fake kernel.
+        grad_lse = None
     dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
     if ds is None:
         ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)

@@ -367,3 +367,29 @@ def test_the_fake_kernels_promise_the_real_layouts(path):
     grad_out = grad_out.transpose(1, 2)  # another layout, as autograd may pass it
     args = (grad_out.mT.contiguous().mT, None, q, k, v, out, lse, None, None, *plan)
     torch.library.opcheck(flash_attention_backward_op, args, test_utils=checks)
+
+
+def test_a_zero_logsumexp_gradient_keeps_torchs_fused_backward(monkeypatch):
+    """A compiled graph passes zeros, not None, for the gradient of an unused
+    logsumexp: the backward operator still takes torch's fused kernel then, and
+    gives the gradients of the tile loops; a nonzero one takes the tile loops."""
+    from softmaxbook.attention.flash import _op
+
+    calls = []
+    fused = _op._fused.backward
+    monkeypatch.setattr(_op._fused, "backward", lambda *a: calls.append(1) or fused(*a))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in "qkv")
+    plan = ("top_left", 0.5, 1, 4, 4, "torch-fused")
+    out, lse = _op.flash_attention_op(q, k, v, None, None, *plan)
+    grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    saved = (q, k, v, out, lse)
+    zeros = torch.zeros_like(lse)
+    got = _op.flash_attention_backward_op(grad_out, zeros, *saved, None, None, *plan)
+    assert calls == [1]
+    tiles = ("top_left", 0.5, 1, 4, 4, "tiles")
+    want = _op.flash_attention_backward_op(grad_out, None, *saved, None, None, *tiles)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    _op.flash_attention_backward_op(grad_out, zeros + 1.0, *saved, None, None, *plan)
+    assert calls == [1]  # a logsumexp gradient: the tile loops
