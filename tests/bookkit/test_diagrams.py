@@ -48,13 +48,22 @@ def _flex_args():
 
 def _diagrams():
     """Every diagram, drawn with the arguments its chapter uses."""
+    from bookkit import models_table
     from bookkit.diagrams import (
         backward,
         case_study,
+        decoding,
         floats,
+        heads,
+        hybrid,
+        latent,
+        layer_patterns,
+        lowbit,
         masks,
         output,
         pipeline,
+        production,
+        routing,
         scaling,
         simplex,
         sinks,
@@ -91,6 +100,49 @@ def _diagrams():
         "case_study": lambda: case_study.draw_model(),
         "sinks": lambda: sinks.draw_sinks(_sweep()),
         "kv_eviction": lambda: sinks.draw_kv_eviction(),
+        "head_cache": lambda: heads.draw_head_cache(
+            ["streaming"] * 5 + ["retrieval"] * 3, n=20, sinks=2, window=5
+        ),
+        "token_collapse": lambda: heads.draw_token_collapse(
+            {
+                name: [heads.token_cloud(torch.randn(16, 8, generator=g).numpy())] * 4
+                for name in ("pure attention", "skip connection")
+            },
+            (0, 1, 2, 6),
+        ),
+        "softmax_bottleneck": lambda: output.draw_softmax_bottleneck(
+            32, 4, 32, rank_softmax=5, rank_mixture=32, k=3
+        ),
+        "split_kv": lambda: decoding.draw_split_kv(
+            24, [("alone: 8 chunks", 8), ("in a batch of 4: 2 chunks", 2)]
+        ),
+        "entropy_quadrants": lambda: decoding.draw_entropy_quadrants(),
+        "layer_kinds": lambda: production.draw_layer_kinds(models_table.load_models()),
+        "layer_masks": lambda: layer_patterns.draw_layer_masks(
+            n=12, window=4, chunk=4, documents=(5, 3, 4)
+        ),
+        "layer_stacks": lambda: layer_patterns.draw_layer_stacks(
+            {
+                "gpt-oss": ["banded", "full"] * 6,
+                "Gemma 3": (["banded"] * 5 + ["full"]) * 2,
+            }
+        ),
+        "mla_dataflow": lambda: latent.draw_mla_dataflow(
+            {
+                "dim": 7168,
+                "n_layers": 61,
+                "n_heads": 128,
+                "kv_lora_rank": 512,
+                "qk_nope_head_dim": 128,
+                "qk_rope_head_dim": 64,
+                "v_head_dim": 128,
+            }
+        ),  # fmt: skip
+        "hybrid_stacks": lambda: hybrid.draw_hybrid_stacks(
+            {"3:1": ["linear", "linear", "linear", "softmax"] * 12}
+        ),
+        "router": lambda: routing.draw_router(),
+        "lowbit": lambda: lowbit.draw_lowbit_attention(),
     }
 
 
