@@ -149,9 +149,10 @@ def linear_attention(
     decay : Tensor or float, optional
         :math:`\lambda_t \in [0, 1]`, broadcastable to ``(..., L)``; ``None``
         (the default) is 1.
-    form : {"recurrent", "parallel"}
-        The recurrence, one step per position with a ``(..., d_v, d_k)``
-        state, or the masked :math:`L \times L` product. Same function; they
+    form : str
+        ``"recurrent"`` (the default), one step per position with a
+        ``(..., d_v, d_k)`` state, or ``"parallel"``, the masked
+        :math:`L \times L` product. Same function; they
         differ by rounding.
     initial_state : Tensor, optional
         ``(..., d_v, d_k)``, the state before the first position (zeros).
