@@ -27,6 +27,7 @@ from ..._numerics import acc_dtype, functorch_active
 from .._args import rebuild_attention
 from . import _fused, _tiles
 from ._layout import prepare
+from ._path import mask_fits_fused
 
 __all__ = [
     "Plan",
@@ -58,6 +59,16 @@ def _own(x: Tensor) -> Tensor:
     if not x.is_contiguous():
         return x.contiguous()
     return x if x._base is None else x.clone()
+
+
+def _when_run(plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None) -> Plan:
+    """The plan as the operator runs it. A path chosen while torch.compile traced
+    could not read the mask: torch's fused kernel stays only where every row keeps
+    a key and q, k are finite (as an eager call checks first), else the tile loops.
+    Reading values is allowed here: the compiler sees the fake kernel, not this."""
+    if plan.path != "torch-fused" or mask is None or mask_fits_fused(q, k, mask):
+        return plan
+    return plan._replace(path="tiles")
 
 
 def _with_sink(out: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
@@ -183,7 +194,7 @@ def flash_attention_op(
     path: str,
 ) -> tuple[Tensor, Tensor]:
     """FlashAttention's forward pass: ``(out, lse)``."""
-    plan = Plan(causal, scale, groups, block_q, block_k, path)
+    plan = _when_run(Plan(causal, scale, groups, block_q, block_k, path), q, k, mask)
     return forward(q, k, v, mask, sinks, plan)
 
 
@@ -221,7 +232,7 @@ def flash_attention_backward_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
     empty without sinks)."""
-    plan = Plan(causal, scale, groups, block_q, block_k, path)
+    plan = _when_run(Plan(causal, scale, groups, block_q, block_k, path), q, k, mask)
     saved = (q, k, v, out, lse)
     if grad_lse is not None and not bool(grad_lse.any()):
         # A compiled graph hands the operator zeros for a logsumexp nobody used (an

@@ -17,7 +17,18 @@ from .._args import AttentionArgs, resolve_attention
 from . import _fused
 from ._layout import block_sizes
 
-__all__ = ["decide", "explain"]
+__all__ = ["decide", "explain", "mask_fits_fused"]
+
+
+def mask_fits_fused(q: Tensor, k: Tensor, mask: Tensor) -> bool:
+    """The two conditions of the torch-fused path that read values: every row of
+    ``mask`` (boolean, or additive with ``-inf`` for masked keys) keeps a key, and
+    q and k are finite (torch's kernel adds the mask to the scores, so a nan at a
+    masked key would reach the row)."""
+    keep = mask if mask.dtype == torch.bool else mask != float("-inf")
+    if not bool(keep.any(dim=-1).all()):
+        return False
+    return bool(torch.isfinite(q).all() and torch.isfinite(k).all())
 
 
 def decide(
@@ -32,14 +43,16 @@ def decide(
     def empty_row() -> bool:
         assert mask is not None
         if torch.compiler.is_compiling():
-            # The mask's values are not known while torch.compile traces, and the
-            # path must not depend on them: the tile loops give every row its
-            # eager result (zeros for a row with nothing to attend).
-            return True
+            # The values are not known while torch.compile traces: the operator
+            # reads them when it runs (mask_fits_fused) and takes the tile loops
+            # for a row with nothing to attend.
+            return False
         keep = mask != float("-inf") if args.additive else mask
         return not bool(keep.any(dim=-1).all())
 
     def finite() -> bool:
+        if torch.compiler.is_compiling():
+            return True  # read when the operator runs, as above
         return bool(torch.isfinite(q).all() and torch.isfinite(k).all())
 
     return _dispatch.flash_decision(

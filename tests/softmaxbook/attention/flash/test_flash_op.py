@@ -393,3 +393,30 @@ def test_a_zero_logsumexp_gradient_keeps_torchs_fused_backward(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     _op.flash_attention_backward_op(grad_out, zeros + 1.0, *saved, None, None, *plan)
     assert calls == [1]  # a logsumexp gradient: the tile loops
+
+
+def test_the_operator_reads_the_mask_a_traced_call_could_not():
+    """Under torch.compile the path is chosen without reading the mask; the operator
+    reads it when it runs: torch's fused kernel for masks whose rows all keep a key
+    (as an eager call), the tile loops for a row with nothing to attend (zeros,
+    forward and backward, where the fused kernel gives nan)."""
+    from softmaxbook.attention.flash import _op
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in "qkv")
+    keep = torch.rand(2, 1, 6, 6, generator=g) > 0.3
+    keep[..., 0] = True
+    plan = ("", 0.5, 1, 4, 4, "torch-fused")
+    out, lse = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.5)
+    torch.testing.assert_close(out, want)
+    keep[1, 0, 2] = False  # row 2 of batch 1 attends to nothing
+    out, lse = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    assert torch.isfinite(out).all() and (out[1, :, 2] == 0).all()
+    assert torch.isneginf(lse[1, :, 2]).all()
+    grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    grads = _op.flash_attention_backward_op(
+        grad_out, None, q, k, v, out, lse, keep, None, *plan
+    )
+    assert all(torch.isfinite(d).all() for d in grads[:3])
+    assert (grads[0][1, :, 2] == 0).all()
