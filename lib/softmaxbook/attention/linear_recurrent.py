@@ -24,8 +24,8 @@ The *gated delta rule* of Gated DeltaNet (Yang, Kautz and Hatamizadeh, ICLR
 
 .. math::
 
-    S_t = \alpha_t S_{t-1} \big(I - \beta_t k_t k_t^\top\big) + \beta_t v_t k_t^\top
-        = \alpha_t S_{t-1} + \beta_t \big(v_t - \alpha_t S_{t-1} k_t\big) k_t^\top ,
+    S_t &= \alpha_t S_{t-1} \big(I - \beta_t k_t k_t^\top\big) + \beta_t v_t k_t^\top \\
+        &= \alpha_t S_{t-1} + \beta_t \big(v_t - \alpha_t S_{t-1} k_t\big) k_t^\top ,
     \qquad o_t = S_t q_t ,
 
 with a decay gate :math:`\alpha_t \in [0, 1]` and a write strength
@@ -129,7 +129,11 @@ def linear_attention(
     .. math::
 
         S_t = \lambda_t S_{t-1} + v_t k_t^\top, \quad o_t = S_t q_t
-        \qquad\Longleftrightarrow\qquad
+
+    or, all positions at once,
+
+    .. math::
+
         O = \big((Q K^\top) \odot D\big) V + (\text{initial state term}),
 
     :math:`D_{tj} = \prod_{l=j+1}^{t} \lambda_l` for :math:`j \le t` and 0
@@ -238,7 +242,8 @@ def gated_delta_rule(
     .. math::
 
         S_t = \alpha_t S_{t-1}\big(I - \beta_t k_t k_t^\top\big) + \beta_t v_t k_t^\top,
-        \qquad o_t = S_t q_t .
+
+        o_t = S_t q_t .
 
     :math:`\alpha_t = 1` is DeltaNet's delta rule; :math:`\beta_t = 1` with a
     unit key overwrites what the state stored under :math:`k_t` by
