@@ -47,7 +47,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from .._validate import check_float
+from .._validate import check_float, check_qkv
 
 __all__ = ["linear_attention", "gated_delta_rule"]
 
@@ -55,21 +55,12 @@ _FORMS = ("recurrent", "parallel")
 
 
 def _check_qkv(q: object, k: object, v: object) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v floating, one dtype and device, shapes (..., L, d_k/d_k/d_v)."""
+    """q, k, v as attention takes them (one floating dtype and device, ``(..., L,
+    d_k)``, ``(..., L, d_k)``, ``(..., L, d_v)``), with one more rule: a recurrence
+    pairs query t with key t, so q and k have the same shape, and v k's batch and
+    length (no broadcasting)."""
     q, k, v = check_float(q, "q"), check_float(k, "k"), check_float(v, "v")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} must have shape (..., L, dim), got {tuple(t.shape)}"
-            )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
-            f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
-        )
+    check_qkv(q, k, v)
     if q.shape != k.shape:
         raise ValueError(
             f"q and k must have the same shape (..., L, d_k), got {tuple(q.shape)} "
