@@ -137,7 +137,7 @@ def _diagrams():
                 "qk_rope_head_dim": 64,
                 "v_head_dim": 128,
             }
-        ),  # fmt: skip
+        ),
         "hybrid_stacks": lambda: hybrid.draw_hybrid_stacks(
             {"3:1": ["linear", "linear", "linear", "softmax"] * 12}
         ),
