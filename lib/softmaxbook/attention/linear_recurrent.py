@@ -1,8 +1,8 @@
 r"""Linear attention as a recurrence: a fixed-size state instead of a KV cache.
 
 Causal linear attention (Katharopoulos et al., 2020) drops the softmax, so the
-output of query :math:`i` is a sum over the keys before it that can be kept
-as a running matrix, the *state* :math:`S_i \in \mathbb{R}^{d_v \times d_k}`:
+output of query :math:`t` is a sum over the keys before it that can be kept
+as a running matrix, the *state* :math:`S_t \in \mathbb{R}^{d_v \times d_k}`:
 
 .. math::
 
@@ -242,8 +242,18 @@ def gated_delta_rule(
     L2-normalize queries and keys first; with unit keys and
     :math:`\alpha_t, \beta_t \in [0, 1]` the transition
     :math:`\alpha_t (I - \beta_t k_t k_t^\top)` has spectral norm at most 1,
-    so the state cannot grow without bound. This function does not normalize
-    the keys: that is the caller's choice.
+    so it never amplifies what the state holds. That alone does not bound the
+    state (linear attention's transition, the identity, has norm 1 too, and
+    its state grows like :math:`\sqrt{t}` on random pairs); what keeps the
+    delta rule's state from growing so is that a write replaces the content
+    under :math:`k_t`. With a unit key and :math:`\beta_t = 1`,
+
+    .. math::
+
+        \lVert S_t \rVert_F^2 = \alpha_t^2 \big(\lVert S_{t-1} \rVert_F^2
+        - \lVert S_{t-1} k_t \rVert^2\big) + \lVert v_t \rVert^2 .
+
+    This function does not normalize the keys: that is the caller's choice.
 
     Parameters
     ----------
