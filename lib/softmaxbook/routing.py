@@ -61,8 +61,9 @@ def route_topk(
     The bias moves which experts are picked, never their weights: the
     weights are read from :math:`s`. A row whose logits are all ``-inf``
     gets zero weights. Logits in float16 or bfloat16 are scored in float32
-    (as production routers do) and the weights come back in the logits'
-    dtype.
+    (as the Mixtral and Qwen3-MoE blocks of transformers do; DeepSeek-V3's
+    reference ``Gate`` takes its sigmoid in the input's dtype) and the
+    weights come back in the logits' dtype.
 
     Shapes: ``logits`` is ``(..., E)``; ``bias`` is ``(E,)``; ``weights``
     and ``indices`` are ``(..., k)``, ordered by :math:`s + b`, largest first.
@@ -91,10 +92,10 @@ def route_topk(
     Raises
     ------
     TypeError
-        If ``logits`` or ``bias`` is not a floating-point tensor, or ``k``
-        is not an int.
+        If ``logits`` or ``bias`` is not a floating-point tensor, ``k``
+        is not an int, or ``normalize`` is not a bool.
     ValueError
-        If ``k`` is outside ``1..E``, ``score`` is unknown, ``bias`` has
+        If ``logits`` has no dimension, ``k`` is outside ``1..E``, ``score`` is unknown, ``bias`` has
         the wrong shape, or ``scale`` is not positive.
 
     Examples
