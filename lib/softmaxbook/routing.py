@@ -95,8 +95,9 @@ def route_topk(
         If ``logits`` or ``bias`` is not a floating-point tensor, ``k``
         is not an int, or ``normalize`` is not a bool.
     ValueError
-        If ``logits`` has no dimension, ``k`` is outside ``1..E``, ``score`` is unknown, ``bias`` has
-        the wrong shape, or ``scale`` is not positive.
+        If ``logits`` has no dimension, ``k`` is outside ``1..E``, ``score``
+        is unknown, ``bias`` has the wrong shape, or ``scale`` is not
+        positive.
 
     Examples
     --------
