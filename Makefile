@@ -18,7 +18,7 @@ setup: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python tools/install.py -r requirements.txt
 	touch $(STAMP)
 
 ## book: build the website into _build/html (a warning is a failure)
