@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import pkgutil
 import re
 import subprocess
 import sys
@@ -158,40 +159,16 @@ def test_the_package_says_it_is_typed():
     assert (Path(sb.__file__).parent / "py.typed").exists()
 
 
-def test_import_leaves_the_heavy_optional_packages_alone():
-    # matplotlib, tqdm and triton are imported only when a figure, a progress bar
-    # or a kernel is first needed. (torch itself imports tqdm for torch.hub on
-    # some versions, so tqdm is checked against a bare `import torch`.)
-    code = (
-        "import sys, torch; before = set(sys.modules); import softmaxbook; "
-        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    new = ast.literal_eval(done.stdout)  # a list of module names
-    for heavy in ("matplotlib", "tqdm", "triton", "entmax"):
-        assert heavy not in new, f"import softmaxbook imports {heavy}"
-
-
-def test_the_checkers_are_imported_on_first_use():
-    # softmaxbook.checks is a third of the library's source: `import softmaxbook`
-    # leaves it alone, and each way of reaching it imports it then.
-    code = (
-        "import sys, softmaxbook as sb; "
-        "assert 'softmaxbook.checks' not in sys.modules, 'imported eagerly'; "
-        "assert 'checks' in dir(sb); "
-        "first = sb.checks; "
-        "assert 'softmaxbook.checks' in sys.modules; "
-        "from softmaxbook import checks; import softmaxbook.checks; "
-        "assert first is checks is softmaxbook.checks is sys.modules[checks.__name__]; "
-        "from softmaxbook import *; "
-        "assert checks.check_softmax(lambda x: x.softmax(-1)).ok"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        sb.no_such_name  # noqa: B018
-
+# What a fresh interpreter imports, checked in one fresh interpreter: the heavy
+# optional packages, the checkers, the moved names, and every module of the library.
+# One process, not one per check: each check reads what its own step imported (the
+# modules new after `import softmaxbook`, whether a lookup imported bookkit), so it is
+# the check a process of its own would make, without paying torch's import each time.
+# The steps run in the order that keeps each one's starting state: `import
+# softmaxbook` first, then the moved names' lookups and the checkers (neither imports
+# a heavy package or bookkit, or the steps below say so), and the import of every
+# module of the library last (it imports triton).
+HEAVY = ("matplotlib", "tqdm", "triton", "entmax")
 
 # The book's harness left the library in 0.2 (it is the package bookkit): each old
 # name fails with a message that says where it went, and looking it up does not
@@ -205,31 +182,69 @@ MOVED_TO_BOOKKIT = {
                            "case_study", "sink_study"],
 }  # fmt: skip
 
+LIBRARY_MODULES = sorted(
+    info.name for info in pkgutil.walk_packages(sb.__path__, prefix="softmaxbook.")
+)
 
-@pytest.fixture(scope="module")
-def moved_name_messages() -> dict[str, str]:
-    """What looking up each moved name prints, all in one fresh interpreter.
+_FRESH = """
+import importlib, json, sys, traceback
+out = {}
+# 1. `import softmaxbook` after a bare `import torch`: which packages are new.
+# (torch itself imports tqdm for torch.hub on some versions, so tqdm is checked
+# against a bare `import torch`.)
+import torch
+before = set(sys.modules)
+import softmaxbook as sb
+out["new"] = sorted({m.split(".")[0] for m in set(sys.modules) - before})
+out["checks_eager"] = "softmaxbook.checks" in sys.modules
+out["checks_in_dir"] = "checks" in dir(sb)
+# 2. Each moved name: an AttributeError, and bookkit still unimported after it.
+out["moved"] = {}
+for module, names in MOVED:
+    m = importlib.import_module(module)
+    for name in names:
+        had = "bookkit" in sys.modules
+        try:
+            getattr(m, name)
+        except AttributeError as e:
+            message = str(e)
+        else:
+            message = "no AttributeError"
+        if "bookkit" in sys.modules and not had:
+            message += " (the lookup imported bookkit)"
+        out["moved"][f"{module}.{name}"] = message
+# 3. The checkers, imported on first use by every way of reaching them.
+try:
+    first = sb.checks
+    assert "softmaxbook.checks" in sys.modules, "sb.checks did not import it"
+    from softmaxbook import checks
+    import softmaxbook.checks
+    assert first is checks is softmaxbook.checks is sys.modules[checks.__name__], (
+        "not one module"
+    )
+    from softmaxbook import *
+    assert checks.check_softmax(lambda x: x.softmax(-1)).ok, "check_softmax failed"
+    out["checks"] = "ok"
+except Exception:
+    out["checks"] = traceback.format_exc()
+# 4. Every module of the library (an ImportError: an optional dependency, triton,
+# which test_layers' test_every_module_imports covers): bookkit still unimported.
+for name in MODULES:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+harness = [m for m in sys.modules if m.partition(".")[0] == "bookkit"]
+out["bookkit_after_all"] = sorted(harness)
+print(json.dumps(out))
+"""
 
-    One process, not one per name: the check is the same (a fresh ``import``,
-    an ``AttributeError``, and ``bookkit`` still unimported after each lookup),
-    without paying torch's import 21 times.
-    """
+
+def _fresh_interpreter() -> dict:
+    """What the steps of ``_FRESH`` saw, run in a fresh interpreter."""
     code = (
-        "import importlib, json, sys\n"
-        f"moved = {MOVED_TO_BOOKKIT!r}\n"
-        "out = {}\n"
-        "for module, names in moved.items():\n"
-        "    m = importlib.import_module(module)\n"
-        "    for name in names:\n"
-        "        try:\n"
-        "            getattr(m, name)\n"
-        "        except AttributeError as e:\n"
-        "            out[f'{module}.{name}'] = str(e)\n"
-        "        else:\n"
-        "            out[f'{module}.{name}'] = 'no AttributeError'\n"
-        "        if 'bookkit' in sys.modules:\n"
-        "            out[f'{module}.{name}'] += ' (the lookup imported bookkit)'\n"
-        "print(json.dumps(out))\n"
+        f"MOVED = {list(MOVED_TO_BOOKKIT.items())!r}\n"
+        f"MODULES = {LIBRARY_MODULES!r}\n" + _FRESH
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -237,16 +252,48 @@ def moved_name_messages() -> dict[str, str]:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize(
-    "module, name",
-    [(module, name) for module, names in MOVED_TO_BOOKKIT.items() for name in names],
-)
-def test_a_name_moved_to_bookkit_says_where_it_went(module, name, moved_name_messages):
-    message = moved_name_messages[f"{module}.{name}"]
-    assert "imported bookkit" not in message, message
-    assert f"{module}.{name} moved to bookkit: use bookkit." in message
+def test_a_fresh_interpreter_imports_only_what_each_step_needs():
+    fresh = _fresh_interpreter()
+    # matplotlib, tqdm and triton are imported only when a figure, a progress bar
+    # or a kernel is first needed.
+    for heavy in HEAVY:
+        assert heavy not in fresh["new"], f"import softmaxbook imports {heavy}"
+    # softmaxbook.checks is a third of the library's source: `import softmaxbook`
+    # leaves it alone, and each way of reaching it imports it then.
+    assert not fresh["checks_eager"], "softmaxbook.checks imported eagerly"
+    assert fresh["checks_in_dir"], "checks is not in dir(softmaxbook)"
+    assert fresh["checks"] == "ok", fresh["checks"]
+    # Each moved name says where it went, without importing bookkit.
+    wrong = {}
+    for module, names in MOVED_TO_BOOKKIT.items():
+        for name in names:
+            message = fresh["moved"][f"{module}.{name}"]
+            problem = _moved_name_problem(module, name, message)
+            if problem:
+                wrong[f"{module}.{name}"] = problem
+    assert not wrong, wrong
+    # The static check of test_layers reads import statements; this runs them, so
+    # an import hidden in a string (importlib, __import__) is caught too.
+    assert fresh["bookkit_after_all"] == [], (
+        f"softmaxbook imports {fresh['bookkit_after_all']}"
+    )
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        sb.no_such_name  # noqa: B018
+
+
+def _moved_name_problem(module: str, name: str, message: str) -> str | None:
+    """What is wrong with the message that looking up a moved name gave, or None."""
+    if "imported bookkit" in message:
+        return message
+    if f"{module}.{name} moved to bookkit: use bookkit." not in message:
+        return f"says {message!r}"
     new = message.split(": use ")[1].split()[0]  # e.g. bookkit.studies.case_study
-    assert _resolves(new), f"the message names {new}, which does not exist"
+    if not _resolves(new):
+        return f"the message names {new}, which does not exist"
+    return None
 
 
 def _resolves(dotted: str) -> bool:
