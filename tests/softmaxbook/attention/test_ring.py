@@ -1,9 +1,11 @@
 """Tests of softmaxbook.attention.ring: ring attention between processes of this
 machine.
 
-Each test starts its processes with run_ring_attention: spawned workers, the
-gloo backend, the loopback address only. Every run is bounded (its timeout
-stops the processes), so a hung ring fails the test instead of hanging it.
+Each test starts its processes with run_ring_attention: workers forked from a
+fork server (which imports torch once per test process, so a run after the first
+costs a fraction of a second), the gloo backend, the loopback address only. Every
+run is bounded (its timeout stops the processes), so a hung ring fails the test
+instead of hanging it.
 """
 
 from __future__ import annotations
@@ -166,3 +168,18 @@ def test_a_rank_holds_at_most_three_key_value_blocks_as_documented():
         assert "three key and value blocks" in text, text[:200]
         assert "two key and value blocks" not in text
         assert "two blocks of keys" not in text
+
+
+def test_ranks_start_from_a_fork_server_where_there_is_one():
+    # A spawned rank imports torch afresh (2 to 3 s of CPU per rank and call, which
+    # was most of these tests' time); the fork server imports it once.
+    import torch.multiprocessing as mp
+
+    from softmaxbook.attention import ring
+
+    ctx = ring._start_context(mp)
+    if "forkserver" in mp.get_all_start_methods():
+        assert ctx.get_start_method() == "forkserver"
+        assert "softmaxbook.attention.ring" in ring._PRELOAD
+    else:
+        assert ctx.get_start_method() == "spawn"
