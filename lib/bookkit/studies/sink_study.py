@@ -197,7 +197,7 @@ def measure(model: TinyTransformer, data: Pair) -> dict[str, Any]:
     """
     tokens, targets = data
     model.eval()
-    _, weights, scores, gate = _forward(model, tokens)
+    logits, weights, scores, gate = _forward(model, tokens)
     none, match = targets == NONE, (targets >= 0) & (targets != NONE)
     L = tokens.shape[1]
     visible = causal_mask(L)[:, 1:]  # key j >= 1 visible from query i
@@ -224,7 +224,9 @@ def measure(model: TinyTransformer, data: Pair) -> dict[str, Any]:
     accuracy = {}
     for ablation, prefix in ((None, "accuracy"), ("evict", "evicted"),
                              ("zero value", "zeroed")):  # fmt: skip
-        predicted = _forward(model, tokens, ablation)[0].argmax(-1)
+        if ablation is not None:
+            logits = _forward(model, tokens, ablation)[0]
+        predicted = logits.argmax(-1)
         accuracy[f"{prefix}_none"] = (predicted[none] == NONE).float().mean()
         accuracy[f"{prefix}_match"] = (
             (predicted[match] == targets[match]).float().mean()
