@@ -1,0 +1,64 @@
+"""nbval's kernels, forked from a zygote that has imported torch.
+
+This conftest sits at the root so that it applies however the notebooks are
+collected (``make test``, ``pytest chapters``, ``make test-portable``); the rest of
+the shared test setup is tests/conftest.py. How and why: tests/_kernel_zygote.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_ZYGOTE = Path(__file__).parent / "tests" / "_kernel_zygote.py"
+
+
+_ZYGOTE_STARTED: list[bool] = []
+
+
+def _start_zygote() -> bool:
+    """Start this process's zygote once; False where it cannot run. Each pytest
+    process has its own (a zygote's torch was imported under its environment)."""
+    if _ZYGOTE_STARTED:
+        return _ZYGOTE_STARTED[0]
+    _ZYGOTE_STARTED.append(False)
+    if os.environ.get("SOFTMAXBOOK_ZYGOTE") == "0" or not hasattr(os, "fork"):
+        return False
+    import atexit
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="sb-zygote-"), "socket")
+    zygote = subprocess.Popen(
+        [sys.executable, str(_ZYGOTE), "serve", path],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,  # closed when this process ends: the zygote ends too
+        text=True,
+    )
+    atexit.register(zygote.kill)
+    if zygote.stdout is None or zygote.stdout.readline().strip() != "ready":
+        zygote.kill()
+        return False
+    os.environ["SOFTMAXBOOK_ZYGOTE"] = path  # for the launchers Jupyter starts
+    _ZYGOTE_STARTED[0] = True
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import nbval.kernel
+    except ImportError:
+        return
+    manager = nbval.kernel.NbvalKernelspecManager
+    plain = manager.get_kernel_spec
+
+    def get_kernel_spec(self, kernel_name):  # type: ignore[no-untyped-def]
+        spec = plain(self, kernel_name)
+        if kernel_name == nbval.kernel.CURRENT_ENV_KERNEL_NAME and _start_zygote():
+            spec.argv = [sys.executable, str(_ZYGOTE), "launch", *spec.argv[-2:]]
+        return spec
+
+    manager.get_kernel_spec = get_kernel_spec

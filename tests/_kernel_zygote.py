@@ -1,0 +1,125 @@
+"""Notebook kernels forked from a process that has already imported torch.
+
+nbval starts a fresh Jupyter kernel for every notebook, and each kernel's first
+cell spends about two seconds of CPU importing torch, numpy and IPython: over the
+book's 55 notebooks, a fifth of what strict nbval costs. Here one *zygote* per
+pytest worker imports them once, and every kernel is a ``fork`` of it: a fresh
+process (its own memory, modules, random state and working directory) that runs
+ipykernel exactly as ``python -m ipykernel_launcher -f CONNECTION_FILE`` would,
+with the modules already in ``sys.modules``. matplotlib is not imported ahead: its
+backend is chosen when it is first imported, after ipykernel has set the inline one.
+
+Two programs in this file:
+
+- ``python _kernel_zygote.py serve SOCKET`` is the zygote: it imports, then for
+  each request on the Unix socket forks a kernel with the request's argv, working
+  directory and environment.
+- ``python _kernel_zygote.py launch -f CONNECTION_FILE`` is what Jupyter starts as
+  "the kernel process": it asks the zygote (``$SOFTMAXBOOK_ZYGOTE``) for a kernel,
+  passes SIGINT and SIGTERM on to it, and exits when it exits. When the launcher is
+  killed (SIGKILL, as ``shutdown_kernel(now=True)`` does) the kernel sees its end
+  of the socket close and exits too.
+
+tests/conftest.py starts the zygote and points nbval's kernel at the launcher;
+``SOFTMAXBOOK_ZYGOTE=0`` turns all of this off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+
+
+def _kernel(conn: socket.socket, request: dict, stdio: list[int]) -> None:
+    """In the forked child: become the kernel the request describes."""
+    os.setsid()  # its own process group, as Jupyter starts kernels
+    for fd, target in zip(stdio, (0, 1, 2), strict=True):
+        os.dup2(fd, target)  # the launcher's stdin, stdout and stderr
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # sys.path as ipykernel_launcher leaves it: without its first entry (here this
+    # file's folder; there the working directory, which IPython adds back as "").
+    del sys.path[0]
+    sys.argv = ["ipykernel_launcher", *request["argv"]]
+
+    def watch() -> None:  # the launcher gone (killed): so is the kernel
+        conn.recv(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    from ipykernel import kernelapp
+
+    kernelapp.launch_new_instance()
+    os._exit(0)
+
+
+def serve(path: str) -> None:
+    import ipykernel.kernelapp  # noqa: F401  (IPython, zmq, tornado)
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the OS
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    print("ready", flush=True)
+    while True:
+        # stdin is a pipe from the pytest process: at its end (pytest exited, even
+        # killed) the zygote ends too. No thread waits for it: fork copies only the
+        # thread that calls it, so the zygote keeps to one.
+        ready, _, _ = select.select([server, sys.stdin], [], [])
+        if sys.stdin in ready:
+            return
+        conn, _ = server.accept()
+        _, stdio, _, _ = socket.recv_fds(conn, 1, 3)
+        request = json.loads(conn.makefile("r").readline())
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                _kernel(conn, request, stdio)
+            finally:
+                os._exit(1)
+        for fd in stdio:
+            os.close(fd)
+        conn.sendall(f"{pid}\n".encode())
+        conn.close()  # the kernel holds the other copy
+
+
+def launch(argv: list[str]) -> int:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(os.environ["SOFTMAXBOOK_ZYGOTE"])
+    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
+    socket.send_fds(conn, [b"."], [0, 1, 2])  # the kernel gets this process's stdio
+    conn.sendall((json.dumps(request) + "\n").encode())
+    reply = conn.makefile("r")
+    pid = int(reply.readline())
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+        if signum == signal.SIGTERM:
+            os._exit(0)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
+    reply.read()  # returns when the kernel exits and its end of the socket closes
+    return 0
+
+
+if __name__ == "__main__":
+    mode, *rest = sys.argv[1:]
+    if mode == "serve":
+        serve(rest[0])
+    else:
+        sys.exit(launch(rest))

@@ -1,0 +1,87 @@
+"""The notebooks' kernels forked from a zygote (tests/_kernel_zygote.py) behave as
+freshly started ones, and leave nothing running behind them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+ZYGOTE = Path(__file__).resolve().parents[1] / "_kernel_zygote.py"
+
+PROBE = """
+import json, os, sys
+seen = {"torch": "torch" in sys.modules, "mpl": "matplotlib" in sys.modules}
+seen.update(cwd=os.getcwd(), pid=os.getpid(), var=os.environ.get("PROBE"))
+print(json.dumps(seen))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_a_forked_kernel_is_a_fresh_kernel_with_torch_imported(tmp_path):
+    import json
+
+    from jupyter_client.kernelspec import KernelSpec
+    from jupyter_client.manager import KernelManager
+
+    socket_path = os.path.join(tempfile.mkdtemp(prefix="sb-zygote-test-"), "socket")
+    zygote = subprocess.Popen(
+        [sys.executable, str(ZYGOTE), "serve", socket_path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert zygote.stdout is not None and zygote.stdout.readline() == "ready\n"
+        km = KernelManager()
+        km._kernel_spec = KernelSpec(
+            argv=[sys.executable, str(ZYGOTE), "launch", "-f", "{connection_file}"],
+            language="python",
+            display_name="zygote",
+        )
+        env = dict(os.environ, SOFTMAXBOOK_ZYGOTE=socket_path, PROBE="from the client")
+        km.start_kernel(cwd=str(tmp_path), env=env)
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        printed = []
+        kc.execute_interactive(
+            PROBE,
+            timeout=60,
+            output_hook=lambda m: printed.append(m["content"].get("text", "")),
+        )
+        seen = json.loads("".join(printed))
+        kc.stop_channels()
+        launcher = km.provisioner.process.pid
+        km.shutdown_kernel(now=True)  # as nbval stops a kernel: SIGKILL
+        # The kernel got the client's working directory and environment, and the
+        # zygote's modules, not matplotlib (its backend must be chosen in the kernel).
+        assert seen["cwd"] == str(tmp_path)
+        assert seen["var"] == "from the client"
+        assert seen["torch"] and not seen["mpl"]
+        assert seen["pid"] not in (launcher, zygote.pid)
+        assert _gone(seen["pid"]), "the kernel outlived its launcher"
+        zygote.stdin.close()  # the pytest process ended: the zygote ends too
+        assert zygote.wait(timeout=10) == 0
+    finally:
+        zygote.kill()
