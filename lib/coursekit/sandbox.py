@@ -174,8 +174,10 @@ class _Grading:
                 why = str(error) or process.how_it_ended()
             else:
                 why = "sent back a reply the grader could not read"
-            tail = process.output.since(mark)
+            # End it first: a process still running (an endless loop) keeps its
+            # output pipe open, and reading the output's tail would wait for it.
             self._drop()
+            tail = process.output.since(mark)
             where = self._chunk_label(started[-1] if started else None)
             if self.submission.all_or_nothing or not started:
                 self.load_error = f"Importing {where} {why}." + _tail(tail, self.files)
