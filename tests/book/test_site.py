@@ -49,7 +49,6 @@ import re
 import threading
 import tomllib
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from _site_geometry import CONTENT_WIDTH_390
@@ -176,41 +175,79 @@ def browser():
         chromium = playwright.chromium.launch(
             executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
         )
-        yield chromium
+        browser = _Browser(chromium)
+        yield browser
+        browser.discard()
         chromium.close()
 
 
-class _Visit:
-    """One page opened in a fresh browser context, with everything that went wrong."""
+# Each new document starts with empty storage, as in a new browser context: the theme
+# keeps the sidebar's scroll position in sessionStorage from one page to the next.
+_FRESH_STORAGE = """
+if (window === window.top) {
+  try { localStorage.clear(); sessionStorage.clear(); } catch (error) {}
+}
+"""
 
-    def __init__(self, browser, base: str, page: str, width: int):
+
+class _Browser:
+    """Chromium, and one tab that visits the pages one after another.
+
+    Opening a tab starts a renderer process (about half a second); a visit that
+    leaves the tab as it found it (on about:blank, no cookies, and each document
+    starting with empty storage) reuses it. A visit that moves the mouse asks for
+    a new tab (``fresh``): the pointer would stay where it clicked.
+    """
+
+    def __init__(self, chromium):
+        self.chromium = chromium
+        self._tab = None
+
+    def tab(self, base: str, fresh: bool = False):
+        if fresh:
+            self.discard()
+        if self._tab is None or self._tab.is_closed():
+            context = self.chromium.new_context()
+            # No internet here or in CI: requests to other hosts are aborted, not
+            # failures. The pattern matches only those, so the requests to the local
+            # server go to it without a round trip through Python.
+            local = "|".join([re.escape(base) + "(?:/|$)", "data:", "blob:"])
+            context.route(re.compile(f"^(?!{local})"), lambda route: route.abort())
+            context.add_init_script(_FRESH_STORAGE)
+            self._tab = context.new_page()
+            self._tab.set_default_timeout(30_000)
+        self._tab.context.clear_cookies()
+        return self._tab
+
+    def discard(self):
+        if self._tab is not None:
+            self._tab.context.close()
+        self._tab = None
+
+
+class _Visit:
+    """One page opened in the browser's tab, with everything that went wrong."""
+
+    def __init__(self, browser, base: str, page: str, width: int, fresh=False):
         self.base = base
+        self.browser = browser
         self.problems: list[str] = []
-        self.context = browser.new_context(viewport={"width": width, "height": HEIGHT})
-        # No internet here or in CI: requests to other hosts are aborted, not failures.
-        self.context.route("**/*", self._route)
-        self.page = self.context.new_page()
-        self.page.set_default_timeout(30_000)
-        self.page.on(
-            "pageerror",
-            lambda error: self.problems.append(f"JavaScript error: {error}"),
-        )
-        self.page.on("console", self._console)
-        self.page.on("requestfailed", self._request_failed)
-        self.page.on("response", self._response)
+        self.page = browser.tab(base, fresh)
+        self.page.set_viewport_size({"width": width, "height": HEIGHT})
+        self.listeners = {
+            "pageerror": lambda error: self.problems.append(
+                f"JavaScript error: {error}"
+            ),
+            "console": self._console,
+            "requestfailed": self._request_failed,
+            "response": self._response,
+        }
+        for event, listener in self.listeners.items():
+            self.page.on(event, listener)
         self.url = f"{base}/{page}.html"
 
     def _local(self, url: str) -> bool:
         return url.startswith(self.base + "/") or url == self.base
-
-    def _route(self, route):
-        if self._local(route.request.url) or urlsplit(route.request.url).scheme in (
-            "data",
-            "blob",
-        ):
-            route.continue_()
-        else:
-            route.abort()
 
     def _console(self, message):
         url = (message.location or {}).get("url", "")
@@ -227,7 +264,16 @@ class _Visit:
             self.problems.append(f"HTTP {response.status}: {response.url}")
 
     def close(self):
-        self.context.close()
+        """Leave the page (what its unloading reports is the page's), and the tab
+        blank for the next visit; a tab that cannot is replaced."""
+        try:
+            self.page.goto("about:blank")
+        except Exception:
+            self.browser.discard()
+            raise
+        finally:
+            for event, listener in self.listeners.items():
+                self.page.remove_listener(event, listener)
 
 
 # Everything checked inside the page, in one round trip: MathJax, images, TeX, widths.
@@ -258,10 +304,14 @@ async ([lineLength, checkColumns]) => {
       .map(el => (el.getAttribute("data-mjx-error") || el.textContent).slice(0, 80));
   // Text a reader sees, less code and typeset math.
   const hidden = "pre, code, script, style, textarea, mjx-container, .highlight";
-  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT, {
-    acceptNode: node => node.parentElement.closest(hidden)
-        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT,
-  });
+  // An element that matches leaves out its whole subtree: the same text nodes as
+  // asking each text node's parent for .closest(hidden) (the article and what holds
+  // it match none), without the climbs.
+  const walker = document.createTreeWalker(
+    article, NodeFilter.SHOW_ELEMENT | NodeFilter.SHOW_TEXT, {
+      acceptNode: node => node.nodeType !== Node.ELEMENT_NODE ? NodeFilter.FILTER_ACCEPT
+          : node.matches(hidden) ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_SKIP,
+    });
   const texts = [];
   while (walker.nextNode()) texts.push(walker.currentNode.textContent);
   // Open the dropdowns (the solutions of the exercises): their code is checked too.
@@ -271,7 +321,12 @@ async ([lineLength, checkColumns]) => {
     window.__dropdownsOpened = true;
     document.querySelectorAll("details").forEach(details => { details.open = true; });
     document.querySelectorAll("button.toggle-button").forEach(b => b.click());
-    await new Promise(done => setTimeout(done, 300));
+    // Their fade-ins and slides (sphinx-design, sphinx-togglebutton) jump to the
+    // end: the page is checked as it looks once they have played.
+    document.getAnimations()
+        .filter(animation => animation.effect
+            && animation.effect.getComputedTiming().endTime !== Infinity)
+        .forEach(animation => animation.finish());
   }
   // Two frames: the layout of a window just narrowed has settled.
   await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
@@ -297,32 +352,43 @@ async ([lineLength, checkColumns]) => {
     } catch (error) {}
     return JSON.stringify(text.trim().split("\n")[0].slice(0, 70));
   };
-  const scrollsX = el => ["auto", "scroll", "hidden"]
-      .includes(getComputedStyle(el).overflowX);
-  const insideScroller = el => {
-    for (let up = el.parentElement; up && up !== article; up = up.parentElement) {
-      if (scrollsX(up)) return true;
-    }
-    return false;
+  // Nothing changes the page while it is measured: each element's style, box and
+  // answers are computed once (a formula has thousands of nested elements, and
+  // each asked for all its ancestors' styles).
+  const memo = compute => {
+    const answers = new Map();
+    return el => {
+      let answer = answers.get(el);
+      if (answer === undefined) { answer = compute(el); answers.set(el, answer); }
+      return answer;
+    };
   };
+  const styleOf = memo(el => getComputedStyle(el));
+  const boxOf = memo(el => el.getBoundingClientRect());
+  const scrollsX = memo(el => ["auto", "scroll", "hidden"]
+      .includes(styleOf(el).overflowX));
+  // Whether an ancestor below the article scrolls sideways: the parent, or one of
+  // the parent's.
+  const insideScroller = memo(el => {
+    const up = el.parentElement;
+    return !!up && up !== article && (scrollsX(up) || insideScroller(up));
+  });
   const name = el => el.tagName.toLowerCase()
       + (el.classList.length ? "." + el.classList[0] : "");
   const sticksOut = [], scrolling = [], wrapped = [], narrow = [], mathFixed = [];
   const mayScroll = "pre, div.math, span.math, mjx-container, table, div.highlight";
   for (const el of article.querySelectorAll("*")) {
-    const box = el.getBoundingClientRect();
-    if (box.width === 0 || getComputedStyle(el).visibility === "hidden") continue;
+    const box = boxOf(el);
+    if (box.width === 0 || styleOf(el).visibility === "hidden") continue;
     const parent = el.parentElement;
-    const parentOut = parent !== article
-        && parent.getBoundingClientRect().right > right + 1;
-    if (box.right > right + 1 && !insideScroller(el) && !parentOut) {
+    if (box.right > right + 1 && !insideScroller(el)
+        && !(parent !== article && boxOf(parent).right > right + 1)) {
       sticksOut.push(`${name(el)} ends ${Math.round(box.right - right)} px past the `
           + `edge: ${describe(el)}`);
     }
     // Only code, outputs, formulas and tables may scroll sideways.
-    const scrolls = el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1
-        && !el.matches(mayScroll) && !el.closest("mjx-container");
-    if (scrollsX(el) && scrolls) {
+    if (scrollsX(el) && el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1
+        && !el.matches(mayScroll) && !el.closest("mjx-container")) {
       scrolling.push(`${name(el)} scrolls sideways: ${describe(el)}`);
     }
   }
@@ -381,9 +447,16 @@ def _capped(problems: list[str], limit: int = 10) -> list[str]:
     )
 
 
+# What _check_page found on each page at WIDTHS: test_the_checks_see_the_code reads
+# the visit of test_page_reads_well instead of opening the page again.
+_CHECKED: dict[str, dict] = {}
+
+
 def _check_page(browser, site, page, widths=WIDTHS):
     """Open ``page`` once at ``widths[0]``, then narrow the window to each further
     width; returns ``{width: (result, problems)}``."""
+    if widths == WIDTHS and page in _CHECKED:
+        return _CHECKED[page]
     visit = _Visit(browser, site, page, widths[0])
     results = {}
     try:
@@ -409,10 +482,13 @@ def _check_page(browser, site, page, widths=WIDTHS):
     finally:
         visit.close()
     # Errors of the page (JavaScript, failed requests) are the same at every width.
-    return {
+    checked = {
         width: (result, _capped(visit.problems) + _layout_problems(page, result))
         for width, result in results.items()
     }
+    if widths == WIDTHS:
+        _CHECKED[page] = checked
+    return checked
 
 
 def _layout_problems(page, result):
@@ -521,7 +597,8 @@ def test_page_reads_well(browser, site, page):
 def test_the_checks_see_the_code(browser, site):
     # A check that finds nothing to check passes: make sure it measures code boxes, the
     # solutions' among them, and that a box holds a line of the line length.
-    result, _ = _check_page(browser, site, "chapters/05_gradients", (LAPTOP,))[LAPTOP]
+    # The page's first inspection, at 1280 px (its visit in test_page_reads_well).
+    result, _ = _check_page(browser, site, "chapters/05_gradients")[LAPTOP]
     assert result["codeBoxes"] >= 20
     assert 80 <= LINE_LENGTH <= 88
 
@@ -559,7 +636,7 @@ _FOCUS = r"""
 def test_keyboard_focus_is_visible(browser, site, mode):
     # The first Tab press reaches the skip link; after a click into the text, Tab
     # reaches the next link of the article. Both must show where the focus is.
-    visit = _Visit(browser, site, "chapters/05_gradients", LAPTOP)
+    visit = _Visit(browser, site, "chapters/05_gradients", LAPTOP, fresh=True)
     try:
         visit.page.goto(visit.url, wait_until="load")
         _set_mode(visit.page, mode)
@@ -570,6 +647,7 @@ def test_keyboard_focus_is_visible(browser, site, mode):
         inside = visit.page.evaluate(_FOCUS)
     finally:
         visit.close()
+        browser.discard()  # the pointer stays where it clicked
     assert first["ring"], f"no focus ring on the first element Tab reaches: {first}"
     assert inside["inArticle"] and inside["tag"] == "A", inside
     assert inside["ring"], f"no focus ring on a link of the article: {inside}"
