@@ -15,7 +15,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["FORWARD", "BACKWARD", "available", "as_additive", "forward", "backward"]
+from ..._numerics import acc_dtype as _acc
+
+__all__ = [
+    "FORWARD",
+    "BACKWARD",
+    "available",
+    "as_additive",
+    "forward",
+    "backward",
+    "keeps_layout",
+    "empty_outputs",
+    "empty_grads",
+]
 
 
 def _aten(name: str) -> Any:
@@ -135,3 +147,34 @@ def backward(
         g if g.shape == s else g.reshape(s) for g, s in zip(grads, shapes, strict=True)
     )
     return dq, dk, dv
+
+
+# The layouts torch's kernel returns, as its meta functions state them (the fake
+# kernels of softmaxbook::flash_attention promise the same, so a compiled graph takes
+# the kernel's outputs as they come, without a copy): the output like q, the
+# logsumexp (B, L, H) transposed, the gradients (B, L, H, D) transposed.
+
+
+def keeps_layout(q: Tensor, groups: int) -> bool:
+    """Whether the outputs are the kernel's own: 4-D q without grouped heads (other
+    calls are reshaped around the kernel, and their outputs are made contiguous)."""
+    return q.dim() == 4 and groups == 1
+
+
+def empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Empty ``(out, lse)`` in the layouts of the kernel's forward pass."""
+    B, H, L = q.shape[:3]
+    out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else None
+    if out is None:  # the kernel takes one head dimension; keep its stride order
+        out = torch.empty_permuted((B, H, L, v.shape[-1]), (0, 2, 1, 3), dtype=q.dtype,
+                                   device=q.device)  # fmt: skip
+    lse = torch.empty((B, L, H), dtype=_acc(q.dtype), device=q.device).transpose(1, 2)
+    return out, lse
+
+
+def empty_grads(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Empty gradients of ``tensors`` in the layout of the kernel's backward pass."""
+    return tuple(
+        torch.empty_permuted(t.shape, (0, 2, 1, 3), dtype=t.dtype, device=t.device)
+        for t in tensors
+    )

@@ -51,14 +51,20 @@ class Plan(NamedTuple):
     path: str  # "torch-fused", "tiles" or "triton"
 
 
-def _own(x: Tensor) -> Tensor:
-    """``x``, contiguous and copied if it is a view: an output of the operator that
-    is a view of a tensor made inside it could not be modified in place by the
-    caller, and the fake kernel promises contiguous outputs (torch's CPU kernel
-    returns its logsumexp transposed)."""
-    if not x.is_contiguous():
-        return x.contiguous()
+def _unview(x: Tensor) -> Tensor:
+    """``x``, copied if it is a view: an output that is a view of a tensor made
+    inside the operator could not be modified in place by the caller."""
     return x if x._base is None else x.clone()
+
+
+def _as_promised(x: Tensor, like: Tensor | None) -> Tensor:
+    """``x`` in the layout the fake kernel promised: ``like``'s strides, or
+    contiguous where ``like`` is None. A copy only where they differ."""
+    if like is None:
+        return x if x.is_contiguous() and x._base is None else x.contiguous()
+    if x.stride() == like.stride() and x._base is None:
+        return x
+    return like.copy_(x)
 
 
 def _when_run(plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None) -> Plan:
@@ -98,7 +104,7 @@ def forward(
         out, lse = _fused.forward(
             q, k, v, mask, bool(plan.causal), plan.scale, plan.groups > 1
         )
-        return _own(out), _own(lse)
+        return _unview(out), _unview(lse)
     call = _call(q, k, v, mask, sinks, plan)
     p = call.problem
     if plan.path == "triton":
@@ -110,7 +116,7 @@ def forward(
     if call.sinks is not None:
         out, lse = _with_sink(out, lse, call.sinks)
     out = call.layout.unrows(out).to(q.dtype)
-    return _own(out), _own(call.layout.unrows(lse.unsqueeze(-1)).squeeze(-1))
+    return _unview(out), _unview(call.layout.unrows(lse.unsqueeze(-1)).squeeze(-1))
 
 
 def delta(out: Tensor, grad_out: Tensor, grad_lse: Tensor | None) -> Tensor:
@@ -194,8 +200,13 @@ def flash_attention_op(
     path: str,
 ) -> tuple[Tensor, Tensor]:
     """FlashAttention's forward pass: ``(out, lse)``."""
-    plan = _when_run(Plan(causal, scale, groups, block_q, block_k, path), q, k, mask)
-    return forward(q, k, v, mask, sinks, plan)
+    traced = Plan(causal, scale, groups, block_q, block_k, path)
+    plan = _when_run(traced, q, k, mask)
+    out, lse = forward(q, k, v, mask, sinks, plan)
+    if plan is traced and _kernel_layout(q, traced):
+        return out, lse  # torch's kernel: the layouts its meta function promised
+    like = _promised_outputs(q, v, traced)
+    return _as_promised(out, like[0]), _as_promised(lse, like[1])
 
 
 def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
@@ -205,8 +216,21 @@ def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
     return tuple(torch.broadcast_shapes(qb, kb, vb))
 
 
+def _kernel_layout(q: Tensor, plan: Plan) -> bool:
+    """Whether the traced plan promises torch's kernel's layouts (else contiguous)."""
+    return plan.path == "torch-fused" and _fused.keeps_layout(q, plan.groups)
+
+
+def _promised_outputs(q: Tensor, v: Tensor, plan: Plan) -> tuple:
+    """Empty tensors in the promised layouts, or ``(None, None)`` for contiguous."""
+    return _fused.empty_outputs(q, v) if _kernel_layout(q, plan) else (None, None)
+
+
 @flash_attention_op.register_fake
 def _(q, k, v, mask, sinks, causal, scale, groups, block_q, block_k, path):  # type: ignore[no-untyped-def]
+    plan = Plan(causal, scale, groups, block_q, block_k, path)
+    if _kernel_layout(q, plan):
+        return _fused.empty_outputs(q, v)
     batch, L = _batch(q, k, v, groups), q.shape[-2]
     out = q.new_empty(batch + (L, v.shape[-1]))
     return out, q.new_empty(batch + (L,), dtype=acc_dtype(q.dtype))
@@ -232,7 +256,8 @@ def flash_attention_backward_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
     empty without sinks)."""
-    plan = _when_run(Plan(causal, scale, groups, block_q, block_k, path), q, k, mask)
+    traced = Plan(causal, scale, groups, block_q, block_k, path)
+    plan = _when_run(traced, q, k, mask)
     saved = (q, k, v, out, lse)
     if grad_lse is not None and not bool(grad_lse.any()):
         # A compiled graph hands the operator zeros for a logsumexp nobody used (an
@@ -240,18 +265,26 @@ def flash_attention_backward_op(
         # leave torch's fused kernel, which takes no logsumexp gradient, for the tile
         # loops. Reading values is allowed here: the compiler sees only the fake kernel.
         grad_lse = None
+    fused = plan is traced and grad_lse is None and not functorch_active()
     dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
     if ds is None:
         ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)
-    # Contiguous, as the fake kernel promises, whatever layout q, k and v came in.
-    return _own(dq), _own(dk), _own(dv), _own(ds)
+    if fused and _kernel_layout(q, traced):  # as torch's kernel returned them
+        return _unview(dq), _unview(dk), _unview(dv), ds
+    # The layouts the fake kernel promised: the kernel's, or contiguous.
+    kernel = _kernel_layout(q, traced)
+    like = _fused.empty_grads(q, k, v) if kernel else (None, None, None)
+    dq, dk, dv = (_as_promised(g, t) for g, t in zip((dq, dk, dv), like, strict=True))
+    return dq, dk, dv, _as_promised(ds, None)
 
 
 @flash_attention_backward_op.register_fake
 def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan):  # type: ignore[no-untyped-def]
-    # Contiguous gradients: empty_like would promise q's strides, which the paths
-    # do not all keep (the tile loops return contiguous gradients).
+    # torch's kernel's layout where it runs (its meta function's), else contiguous:
+    # empty_like would promise q's strides, which the tile loops do not keep.
     ds = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    if _kernel_layout(q, Plan(*plan)):
+        return (*_fused.empty_grads(q, k, v), ds)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 

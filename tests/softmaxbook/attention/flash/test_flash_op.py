@@ -344,12 +344,16 @@ def test_every_mask_shape_that_broadcasts_gives_torchs_result(shape, kind):
 # ------------------------------------------------------- the registered operator pair
 
 
+@pytest.mark.parametrize("layout", ["heads transposed", "contiguous", "empty row"])
 @pytest.mark.parametrize("path", ["torch-fused", "tiles"])
-def test_the_fake_kernels_promise_the_real_layouts(path):
-    """torch.library.opcheck on both operators with q, k, v as transposed views,
-    as a model's heads reach attention (``(B, T, H, D).transpose(1, 2)``): a fake
-    kernel that promises other strides than the real one returns makes inductor's
-    compiled backward fail its stride assertions."""
+def test_the_fake_kernels_promise_the_real_layouts(path, layout):
+    """torch.library.opcheck on both operators: a fake kernel that promises other
+    strides than the real one returns makes inductor's compiled backward fail its
+    stride assertions. q, k, v as transposed views, as a model's heads reach
+    attention (``(B, T, H, D).transpose(1, 2)``), or contiguous; and a mask with a
+    row that attends to nothing, which sends a call planned for torch's kernel to
+    the tile loops when it runs (their outputs must then take the kernel's layouts,
+    which the fake kernel promised)."""
     from softmaxbook.attention.flash._op import (
         flash_attention_backward_op,
         flash_attention_op,
@@ -357,15 +361,24 @@ def test_the_fake_kernels_promise_the_real_layouts(path):
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 7, 3, 4, generator=g).transpose(1, 2) for _ in range(3))
-    plan = ("top_left", 0.5, 1, 4, 4, path)
+    if layout == "contiguous":
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    mask = None
+    if layout == "empty row":
+        mask = torch.ones(7, 7, dtype=torch.bool).tril()
+        mask[2] = False
+    plan = ("" if mask is not None else "top_left", 0.5, 1, 4, 4, path)
     checks = ("test_schema", "test_faketensor")  # compiling is tested elsewhere
     torch.library.opcheck(
-        flash_attention_op, (q, k, v, None, None, *plan), test_utils=checks
+        flash_attention_op, (q, k, v, mask, None, *plan), test_utils=checks
     )
-    out, lse = flash_attention_op(q, k, v, None, None, *plan)
+    out, lse = flash_attention_op(q, k, v, mask, None, *plan)
     grad_out = torch.randn(out.shape, generator=g).transpose(1, 2).contiguous()
     grad_out = grad_out.transpose(1, 2)  # another layout, as autograd may pass it
-    args = (grad_out.mT.contiguous().mT, None, q, k, v, out, lse, None, None, *plan)
+    args = (grad_out.mT.contiguous().mT, None, q, k, v, out, lse, mask, None, *plan)
+    torch.library.opcheck(flash_attention_backward_op, args, test_utils=checks)
+    lse_grad = torch.randn(lse.shape, generator=g)  # the tile loops' backward
+    args = (grad_out, lse_grad, q, k, v, out, lse, mask, None, *plan)
     torch.library.opcheck(flash_attention_backward_op, args, test_utils=checks)
 
 
