@@ -52,9 +52,16 @@ class Plan(NamedTuple):
 
 
 def _unview(x: Tensor) -> Tensor:
-    """``x``, copied if it is a view: an output that is a view of a tensor made
-    inside the operator could not be modified in place by the caller."""
-    return x if x._base is None else x.clone()
+    """``x``, no longer recorded as a view: autograd forbids modifying in place a
+    view made inside a custom Function, so the caller could not modify an output
+    that is one (torch's kernel returns its outputs as views of the buffers it
+    allocates). A tensor on the same memory, with the same strides: no copy."""
+    if x._base is None:
+        return x
+    if functorch_active():  # wrapped tensors have no storage of their own to share
+        return x.clone()
+    return x.new_empty(0).set_(x.untyped_storage(), x.storage_offset(), x.shape,
+                               x.stride())  # fmt: skip
 
 
 def _as_promised(x: Tensor, like: Tensor | None) -> Tensor:
