@@ -11,8 +11,8 @@ keep those at zero (``torch.where``, never a Python ``if`` on a value) are
 traced too.
 
 One function runs every normalizer, and each backend compiles it once (one
-dynamo trace, one forward and one backward graph, one inductor lowering
-``inductor``) rather than once per normalizer. The rows share no tensor, so
+dynamo trace, one forward and one backward graph, one inductor lowering)
+rather than once per normalizer. The rows share no tensor, so
 each normalizer's weights and gradient are those it would have compiled
 alone; each is compared with its own eager call and a mismatch names the
 normalizer. If the combined function does not compile (a graph break fails
