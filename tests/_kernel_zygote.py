@@ -1,8 +1,10 @@
 """Notebook kernels forked from a process that has already imported torch.
 
-nbval starts a fresh Jupyter kernel for every notebook, and each kernel's first
-cell spends about two seconds of CPU importing torch, numpy and IPython: over the
-book's 55 notebooks, a fifth of what strict nbval costs. Here one *zygote* per
+nbval starts a fresh Jupyter kernel for every notebook, and each kernel spends
+about two seconds of CPU importing torch, numpy and IPython, and two more on the
+first ``bk.glue`` (myst-nb imports nbformat, whose jsonschema builds an IRI grammar
+when it is imported): over the book's 55 notebooks, about a third of what strict
+nbval costs. Here one *zygote* per
 pytest worker imports them once, and every kernel is a ``fork`` of it: a fresh
 process (its own memory, modules, random state and working directory) that runs
 ipykernel exactly as ``python -m ipykernel_launcher -f CONNECTION_FILE`` would,
@@ -64,6 +66,11 @@ def serve(path: str) -> None:
     import ipykernel.kernelapp  # noqa: F401  (IPython, zmq, tornado)
     import numpy  # noqa: F401
     import torch  # noqa: F401
+
+    try:  # bookkit.glue's myst-nb: nbformat's jsonschema builds a grammar (2 s)
+        import myst_nb.ext.glue  # noqa: F401
+    except ImportError:
+        pass
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the OS
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
