@@ -81,6 +81,7 @@ def _run(
     args: AttentionArgs,
     block_size: int | tuple[int, int] | None,
     explicit: bool,
+    return_lse: bool,
 ) -> tuple[Tensor, Tensor]:
     """Plan a resolved call (its tiles and its path) and run the operator."""
     block_q, block_k = block_sizes(block_size)  # checked where torch's kernel runs too
@@ -91,7 +92,7 @@ def _run(
         # torch's kernel adds a float mask: converted once, here, the node saves it
         # and its backward pass reads it as it is (as torch's own SDPA does)
         mask = _fused.as_additive(mask, q.dtype)
-    return run(q, k, v, mask, args.sinks, plan)
+    return run(q, k, v, mask, args.sinks, plan, lse_grad=return_lse)
 
 
 class _FlashAttention:
@@ -167,7 +168,7 @@ class _FlashAttention:
             scale=scale, sinks=sinks, enable_gqa=enable_gqa,
             caller="FlashAttention.apply",
         )  # fmt: skip
-        out, lse = _run(q, k, v, args, block_size, explicit)
+        out, lse = _run(q, k, v, args, block_size, explicit, return_lse)
         return (out, lse) if return_lse else out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -352,7 +353,7 @@ def flash_attention(
     if args.dropout_p > 0.0:
         out, lse = _dropout_attention(q, k, v, args)
     else:
-        out, lse = _run(q, k, v, args, block_size, explicit)
+        out, lse = _run(q, k, v, args, block_size, explicit, return_lse)
     return (out, lse) if return_lse else out
 
 

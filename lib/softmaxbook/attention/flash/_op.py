@@ -3,7 +3,11 @@
 The forward and the backward pass are each registered with
 ``torch.library.custom_op`` (with ``register_fake``, which gives the shapes
 without computing, and ``register_autograd``), so ``torch.compile`` sees one
-operator and its backward, never the tile loops inside. Outside a compiled
+operator and its backward, never the tile loops inside. Where torch's own CPU
+kernel computes a compiled call and nothing is left to decide when it runs (no
+mask to read, no logsumexp returned), :func:`run` hands the compiler that kernel
+itself instead, as torch's SDPA compiles: the operator's Python layers cost a
+small model's compiled training step about a tenth of its time. Outside a compiled
 region the same computation runs as the autograd Function
 :class:`FlashAttentionFunction`, whose ``vmap`` rules make ``torch.func``
 transforms (``vmap``, ``grad``, ``jacrev``) work; both share
@@ -315,14 +319,29 @@ flash_attention_op.register_autograd(_backward_op, setup_context=_setup_op)
 
 def run(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None,
-    plan: Plan,
+    plan: Plan, lse_grad: bool = True,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, lse)``: the operator where torch.compile traces, the autograd
     Function (whose node :data:`~softmaxbook.FlashAttention` documents)
-    elsewhere."""
+    elsewhere. ``lse_grad=False``: the caller does not return the logsumexp."""
     if torch.compiler.is_compiling():
+        if _traced_kernel(mask, sinks, plan, lse_grad):
+            # torch's kernel traced as itself (aten's op and its derivative), as
+            # torch's own SDPA compiles: the operator would run the same kernel,
+            # with nothing to decide when it runs (only a mask is read then) and no
+            # gradient for the logsumexp (the kernel's derivative takes none).
+            causal, gqa = bool(plan.causal), plan.groups > 1
+            return _fused.forward(q, k, v, None, causal, plan.scale, gqa)
         return flash_attention_op(q, k, v, mask, sinks, *plan)
     return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
+
+
+def _traced_kernel(
+    mask: Tensor | None, sinks: Tensor | None, plan: Plan, lse_grad: bool
+) -> bool:
+    """Whether a compiled call is handed torch's kernel itself, not the operator."""
+    plain = mask is None and sinks is None and not lse_grad
+    return plain and plan.path == "torch-fused"
 
 
 # --------------------------------------------------------------------------------------
