@@ -274,6 +274,13 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def _called_by_import_system(frame: FrameType) -> bool:
+    """Whether the import system called ``frame``'s function (a library's meta path
+    finder, on an import deep in torch): imports are checked by the import hook."""
+    back = frame.f_back
+    return back is not None and back.f_code.co_filename.startswith("<frozen importlib")
+
+
 def call_site(frame: FrameType | None, student_files: Collection[str] = ()) -> str:
     """Where the student's code made the call: ``line 5 of f.py: `return ...```."""
     libraries = _library_dirs()
@@ -440,7 +447,7 @@ class Guard:
             except KeyError:
                 verdict = self._classify(code, frame)
                 self._cache[id(code)] = (code, verdict)
-            if verdict is not None:
+            if verdict is not None and not _called_by_import_system(frame):
                 self.record(verdict[0], frame.f_back, aten=False, group=verdict[1])
 
     def _on_aten(self, name: str) -> None:
