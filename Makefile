@@ -34,7 +34,7 @@ pdf: $(STAMP)
 
 ## lint: ruff's checks and its formatting, on the library, the tests and the benchmarks
 # (the chapters get the same settings: ruff format chapters && ruff check chapters)
-LINTED := lib tests benchmarks tools experiments chapters
+LINTED := lib tests benchmarks tools experiments chapters conftest.py
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
