@@ -245,6 +245,7 @@ class _Visit:
         for event, listener in self.listeners.items():
             self.page.on(event, listener)
         self.url = f"{base}/{page}.html"
+        self.leaving = False
 
     def _local(self, url: str) -> bool:
         return url.startswith(self.base + "/") or url == self.base
@@ -256,7 +257,11 @@ class _Visit:
             self.problems.append(f"console error: {message.text} ({url})")
 
     def _request_failed(self, request):
-        if self._local(request.url):
+        # A load still under way when the visit leaves is aborted by the leaving,
+        # not failed by the page (MathJax fetches a font when a formula first needs
+        # it, e.g. after the window narrows).
+        aborted = self.leaving and "ERR_ABORTED" in str(request.failure)
+        if self._local(request.url) and not aborted:
             self.problems.append(f"request failed: {request.url} ({request.failure})")
 
     def _response(self, response):
@@ -267,6 +272,9 @@ class _Visit:
         """Leave the page (what its unloading reports is the page's), and the tab
         blank for the next visit; a tab that cannot is replaced."""
         try:
+            # The fonts the page asked for load first: one that fails still counts.
+            self.page.evaluate(_FONTS_LOADED)
+            self.leaving = True
             self.page.goto("about:blank")
         except Exception:
             self.browser.discard()
@@ -275,6 +283,12 @@ class _Visit:
             for event, listener in self.listeners.items():
                 self.page.remove_listener(event, listener)
 
+
+# The page's pending font loads, waited for (at most 10 s).
+_FONTS_LOADED = """() => Promise.race([
+  document.fonts.ready.then(() => true),
+  new Promise(done => setTimeout(() => done(false), 10000)),
+])"""
 
 # Everything checked inside the page, in one round trip: MathJax, images, TeX, widths.
 _INSPECT = r"""
