@@ -28,14 +28,12 @@ and is not compiled here.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
-import pytest
 import torch
-import torch._dynamo
 
 import softmaxbook as sb
+from compile_all import compile_together, selected
 
 B, H, L, S, D = 2, 4, 6, 7, 8
 
@@ -159,12 +157,6 @@ def _inputs(name: str, dtype: torch.dtype) -> list[torch.Tensor]:
     ]
 
 
-def _selected() -> list[str]:
-    """The cases to run: all, or those named in ``COMPILE_CASES`` (comma-separated)."""
-    chosen = os.environ.get("COMPILE_CASES")
-    return [n for n in CASES if chosen is None or n in chosen.split(",")]
-
-
 def _compare(names: list[str], backend: str, dtype: torch.dtype) -> None:
     """One compiled function runs every case in ``names``: one trace, one
     forward and one backward graph, one compilation, rather than one per case.
@@ -193,35 +185,18 @@ def _compare(names: list[str], backend: str, dtype: torch.dtype) -> None:
     def every_case(cases):
         return tuple(CASES[n][0](*case) for n, case in zip(names, cases))
 
-    graphs: list[torch.fx.GraphModule] = []
-
-    def recording(gm, example_inputs):
-        graphs.append(gm)
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-
     eager = run(every_case, leaves())
-    torch._dynamo.reset()
-    try:
-        compiled = run(
-            torch.compile(every_case, fullgraph=True, backend=recording), leaves()
-        )
-    except Exception as error:
-        if len(names) == 1:
-            raise
-        broken = []
-        for name in names:  # which case(s) fail to compile alone
-            try:
-                _compare([name], backend, dtype)
-            except Exception:  # any failure names the case
-                broken.append(name)
-        pytest.fail(f"{backend} fails to compile {broken or names}: {error}")
-    finally:
-        torch._dynamo.reset()
-    assert len(graphs) == 1  # fullgraph: one graph holds every case
+    compiled, graph = compile_together(
+        every_case,
+        lambda fn: run(fn, leaves()),
+        backend,
+        names,
+        lambda name: _compare([name], backend, dtype),
+    )
     # flash reaches the compiler whole, never traced through its tile loops: as
     # torch's own kernel where that computes it and nothing is left to decide when
     # it runs (no mask to read, no logsumexp returned), else as the library's op.
-    code = graphs[0].code
+    code = graph.code
     if set(names) & KERNEL_CASES:
         assert "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu" in code
     if set(names) & OP_CASES:
@@ -238,8 +213,8 @@ def _compare(names: list[str], backend: str, dtype: torch.dtype) -> None:
 
 
 def test_every_entry_point_compiles_with_aot_eager():
-    _compare(_selected(), "aot_eager", torch.float64)
+    _compare(selected(CASES), "aot_eager", torch.float64)
 
 
 def test_every_entry_point_compiles_with_inductor():
-    _compare(_selected(), "inductor", torch.float32)
+    _compare(selected(CASES), "inductor", torch.float32)

@@ -26,12 +26,10 @@ by eager kernels) also runs sparsemax and 1.5-entmax along another dim;
 from __future__ import annotations
 
 import functools
-import os
 
-import pytest
 import torch
-import torch._dynamo
 
+from compile_all import compile_together, selected
 from softmaxbook.normalizers import all_normalizers
 
 INFOS = {info.name: info for info in all_normalizers()}
@@ -53,12 +51,6 @@ def _scores() -> torch.Tensor:
     x[..., ::7] = float("-inf")  # removed keys
     x[1, 2] = float("-inf")  # a row with nothing to attend
     return x
-
-
-def _selected() -> list[str]:
-    """The normalizers to run: all, or those named in ``COMPILE_CASES``."""
-    chosen = os.environ.get("COMPILE_CASES")
-    return [n for n in NAMES if chosen is None or n in chosen.split(",")]
 
 
 def _compare(cases: list[tuple[str, int]], backend: str) -> None:
@@ -85,31 +77,10 @@ def _compare(cases: list[tuple[str, int]], backend: str) -> None:
         gxs = torch.autograd.grad(ys, leaves, grads)
         return list(zip((y.detach() for y in ys), gxs))
 
-    graphs: list[torch.fx.GraphModule] = []
-
-    def recording(gm, example_inputs):
-        graphs.append(gm)
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-
     eager = weights_and_grad(every_case)
-    torch._dynamo.reset()
-    try:
-        compiled = weights_and_grad(
-            torch.compile(every_case, fullgraph=True, backend=recording)
-        )
-    except Exception as error:
-        if len(cases) == 1:
-            raise
-        broken = []
-        for case in cases:  # which case(s) fail to compile alone
-            try:
-                _compare([case], backend)
-            except Exception:  # any failure names the case
-                broken.append(case)
-        pytest.fail(f"{backend} fails to compile {broken or cases}: {error}")
-    finally:
-        torch._dynamo.reset()
-    assert len(graphs) == 1  # fullgraph: one graph holds every case
+    compiled, _ = compile_together(
+        every_case, weights_and_grad, backend, cases, lambda c: _compare([c], backend)
+    )
     failures = []
     for (name, dim), got, want in zip(cases, compiled, eager):
         try:
@@ -122,9 +93,9 @@ def _compare(cases: list[tuple[str, int]], backend: str) -> None:
 
 def test_every_normalizer_compiles_with_aot_eager():
     # sparsemax and entmax15 along another dim too
-    extra = [(n, 1) for n in ("sparsemax", "entmax15") if n in _selected()]
-    _compare([(n, -1) for n in _selected()] + extra, "aot_eager")
+    extra = [(n, 1) for n in ("sparsemax", "entmax15") if n in selected(NAMES)]
+    _compare([(n, -1) for n in selected(NAMES)] + extra, "aot_eager")
 
 
 def test_every_normalizer_compiles_with_inductor():
-    _compare([(n, -1) for n in _selected()], "inductor")
+    _compare([(n, -1) for n in selected(NAMES)], "inductor")
