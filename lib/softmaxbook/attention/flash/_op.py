@@ -214,9 +214,11 @@ def flash_attention_op(
     traced = Plan(causal, scale, groups, block_q, block_k, path)
     plan = _when_run(traced, q, k, mask)
     out, lse = forward(q, k, v, mask, sinks, plan)
-    if plan is traced and _kernel_layout(q, traced):
+    kernel = _kernel_layout(q, traced)
+    if kernel and plan is traced:
         return out, lse  # torch's kernel: the layouts its meta function promised
-    like = _promised_outputs(q, v, traced)
+    # The layouts the fake kernel promised: the kernel's, or contiguous.
+    like = _fused.empty_outputs(q, v) if kernel else (None, None)
     return _as_promised(out, like[0]), _as_promised(lse, like[1])
 
 
@@ -230,11 +232,6 @@ def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
 def _kernel_layout(q: Tensor, plan: Plan) -> bool:
     """Whether the traced plan promises torch's kernel's layouts (else contiguous)."""
     return plan.path == "torch-fused" and _fused.keeps_layout(q, plan.groups)
-
-
-def _promised_outputs(q: Tensor, v: Tensor, plan: Plan) -> tuple:
-    """Empty tensors in the promised layouts, or ``(None, None)`` for contiguous."""
-    return _fused.empty_outputs(q, v) if _kernel_layout(q, plan) else (None, None)
 
 
 @flash_attention_op.register_fake
@@ -280,10 +277,10 @@ def flash_attention_backward_op(
     dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
     if ds is None:
         ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)
-    if fused and _kernel_layout(q, traced):  # as torch's kernel returned them
+    kernel = _kernel_layout(q, traced)
+    if kernel and fused:  # as torch's kernel returned them
         return _unview(dq), _unview(dk), _unview(dv), ds
     # The layouts the fake kernel promised: the kernel's, or contiguous.
-    kernel = _kernel_layout(q, traced)
     like = _fused.empty_grads(q, k, v) if kernel else (None, None, None)
     dq, dk, dv = (_as_promised(g, t) for g, t in zip((dq, dk, dv), like, strict=True))
     return dq, dk, dv, _as_promised(ds, None)
