@@ -29,9 +29,12 @@ def _start_zygote() -> bool:
     if os.environ.get("SOFTMAXBOOK_ZYGOTE") == "0" or not hasattr(os, "fork"):
         return False
     import atexit
+    import shutil
     import tempfile
 
-    path = os.path.join(tempfile.mkdtemp(prefix="sb-zygote-"), "socket")
+    folder = tempfile.mkdtemp(prefix="sb-zygote-")
+    atexit.register(shutil.rmtree, folder, True)  # runs after the kill below
+    path = os.path.join(folder, "socket")
     zygote = subprocess.Popen(
         [sys.executable, str(_ZYGOTE), "serve", path],
         stdout=subprocess.PIPE,

@@ -4,6 +4,7 @@ freshly started ones, and leave nothing running behind them."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,9 +18,12 @@ ZYGOTE = Path(__file__).resolve().parents[1] / "_kernel_zygote.py"
 
 PROBE = """
 import json, os, sys
-seen = {"torch": "torch" in sys.modules, "mpl": "matplotlib" in sys.modules}
+seen = {"torch": "torch" in sys.modules, "pyplot": "matplotlib.pyplot" in sys.modules}
 seen.update(cwd=os.getcwd(), pid=os.getpid(), var=os.environ.get("PROBE"))
+import matplotlib, matplotlib.pyplot as plt
+seen["backend"] = matplotlib.get_backend()
 print(json.dumps(seen))
+plt.plot([0, 1])
 """
 
 
@@ -38,7 +42,8 @@ def _gone(pid: int, seconds: float = 10.0) -> bool:
     return not _alive(pid)
 
 
-def test_a_forked_kernel_is_a_fresh_kernel_with_torch_imported(tmp_path):
+@pytest.mark.parametrize("backend", [None, "agg"])
+def test_a_forked_kernel_is_a_fresh_kernel_with_torch_imported(tmp_path, backend):
     import json
 
     from jupyter_client.kernelspec import KernelSpec
@@ -60,28 +65,39 @@ def test_a_forked_kernel_is_a_fresh_kernel_with_torch_imported(tmp_path):
             display_name="zygote",
         )
         env = dict(os.environ, SOFTMAXBOOK_ZYGOTE=socket_path, PROBE="from the client")
+        env.pop("MPLBACKEND", None)
+        if backend is not None:  # the client's choice, not the zygote's
+            env["MPLBACKEND"] = backend
         km.start_kernel(cwd=str(tmp_path), env=env)
         kc = km.client()
         kc.start_channels()
         kc.wait_for_ready(timeout=60)
-        printed = []
-        kc.execute_interactive(
-            PROBE,
-            timeout=60,
-            output_hook=lambda m: printed.append(m["content"].get("text", "")),
-        )
+        printed, images = [], []
+
+        def output(message):
+            printed.append(message["content"].get("text", ""))
+            images.append("image/png" in message["content"].get("data", {}))
+
+        kc.execute_interactive(PROBE, timeout=60, output_hook=output)
         seen = json.loads("".join(printed))
         kc.stop_channels()
         launcher = km.provisioner.process.pid
         km.shutdown_kernel(now=True)  # as nbval stops a kernel: SIGKILL
         # The kernel got the client's working directory and environment, and the
-        # zygote's modules, not matplotlib (its backend must be chosen in the kernel).
+        # zygote's modules, pyplot with them; its figures show inline, as a fresh
+        # kernel's do (the backend is ipykernel's, chosen in the kernel).
         assert seen["cwd"] == str(tmp_path)
         assert seen["var"] == "from the client"
-        assert seen["torch"] and not seen["mpl"]
+        assert seen["torch"] and seen["pyplot"]
+        assert seen["backend"] == backend or (
+            backend is None
+            and seen["backend"] == "module://matplotlib_inline.backend_inline"
+            and any(images)  # shown inline
+        ), seen["backend"]
         assert seen["pid"] not in (launcher, zygote.pid)
         assert _gone(seen["pid"]), "the kernel outlived its launcher"
         zygote.stdin.close()  # the pytest process ended: the zygote ends too
         assert zygote.wait(timeout=10) == 0
     finally:
         zygote.kill()
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
