@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -50,3 +52,22 @@ def write_ipynb(tmp_path: Path) -> Callable[[str, list[str]], Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def tool_env() -> dict[str, str]:
+    """The environment of a real tool's process (otter, nbgrader) and its kernels.
+
+    The environment's bin folder is on PATH, as in an activated environment (nbgrader
+    runs ``alembic`` by name), and ``rfc3987_syntax`` is not importable (see
+    ``without_rfc3987_syntax/``): each of the 4 otter and 3 nbgrader processes
+    imports jsonschema, which otherwise spends about 2.4 s of CPU building its grammar.
+    """
+    bin_dir = Path(sys.executable).parent
+    blocker = Path(__file__).resolve().parent / "without_rfc3987_syntax"
+    path = [str(blocker), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join(path),
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -244,13 +243,13 @@ def test_bad_input_is_refused_with_a_reason(tmp_path: Path) -> None:
 # --- the real nbgrader ----------------------------------------------------------
 
 
-def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # nbgrader runs `alembic` (its database migrations) by name: the environment's
-    # bin folder must be on PATH, as it is in an activated environment.
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+def _nbgrader(
+    course: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    # nbgrader runs `alembic` (its database migrations) by name: `env` has the
+    # environment's bin folder on PATH, as it is in an activated environment.
     done = subprocess.run(
-        [str(bin_dir / "nbgrader"), *args],
+        [str(Path(sys.executable).parent / "nbgrader"), *args],
         cwd=course,
         env=env,
         capture_output=True,
@@ -263,7 +262,7 @@ def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_real_nbgrader_gives_the_solution_full_marks_and_the_release_zero(
-    tmp_path: Path,
+    tmp_path: Path, tool_env: dict[str, str]
 ) -> None:
     from nbgrader.api import Gradebook
 
@@ -272,7 +271,7 @@ def test_real_nbgrader_gives_the_solution_full_marks_and_the_release_zero(
     course = tmp_path / "course"
     source = nbgrader.export(assignment, course)
 
-    _nbgrader(course, "generate_assignment", aid)
+    _nbgrader(course, tool_env, "generate_assignment", aid)
     release = course / "release" / aid / f"{aid}.ipynb"
     released = _cells(release)
     assert leaked(assignment.reference_source(), released) == []
@@ -286,7 +285,7 @@ def test_real_nbgrader_gives_the_solution_full_marks_and_the_release_zero(
         folder = course / "submitted" / student / aid
         folder.mkdir(parents=True)
         shutil.copy(notebook, folder / f"{aid}.ipynb")
-    _nbgrader(course, "autograde", aid)
+    _nbgrader(course, tool_env, "autograde", aid)
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         scores = {}

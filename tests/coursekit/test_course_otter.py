@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import subprocess
 import sys
@@ -236,11 +235,11 @@ def test_default_requirements_name_cpu_torch_and_this_version() -> None:
 # --- the real otter ----------------------------------------------------------------
 
 
-def _otter(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+def _otter(
+    cwd: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [str(bin_dir / "otter"), *args],
+        [str(Path(sys.executable).parent / "otter"), *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -254,7 +253,7 @@ def _otter(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_real_otter_assign_finds_the_tests_and_strips_the_solutions(
-    tmp_path: Path,
+    tmp_path: Path, tool_env: dict[str, str]
 ) -> None:
     aid = TOOL_ASSIGNMENT
     assignment = get_assignment(aid)
@@ -262,7 +261,7 @@ def test_real_otter_assign_finds_the_tests_and_strips_the_solutions(
 
     # otter assign grades the solution notebook with the zip it built (run_tests)
     # and exits non-zero unless every test passes.
-    done = _otter(tmp_path, "assign", "-v", str(master), "dist")
+    done = _otter(tmp_path, tool_env, "assign", "-v", str(master), "dist")
     log = done.stdout + done.stderr
     assert "Running tests against the solutions notebook" in log
     assert "All autograder tests passed" in log
@@ -293,7 +292,15 @@ def test_real_otter_assign_finds_the_tests_and_strips_the_solutions(
     # otter run (local grading, no Docker) on the release as is: 0 points.
     (tmp_path / "graded").mkdir()
     _otter(
-        tmp_path, "run", "-a", str(zip_path), "-o", "graded", "--no-logo", str(student)
+        tmp_path,
+        tool_env,
+        "run",
+        "-a",
+        str(zip_path),
+        "-o",
+        "graded",
+        "--no-logo",
+        str(student),
     )
     results = json.loads((tmp_path / "graded" / "results.json").read_text())
     scored = [t for t in results["tests"] if t.get("max_score") is not None]
