@@ -30,12 +30,21 @@ marks experimental opens with a line that says so; the mark is declared once, in
 6. The single-page HTML of ``make pdf``. Sphinx looks up a node's HTML
 visitors by the builder's name, and extensions register them for ``html``
 only (myst-nb's hidden-code toggles), so ``singlehtml`` gets the same ones.
+
+7. Build time, the pages unchanged. pybtex looks each style plugin up in the
+installed packages' entry points, and sphinxcontrib-bibtex asks for one at every
+citation (a scan of all installed distributions each time): a plugin, once found,
+is kept. Sphinx unpickles a whole page at each ``{numref}`` to it (the API page,
+megabytes, several times): while the pages are written, nothing changes the
+pickled pages, so a page read for a ``{numref}`` is unpickled once and kept.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import sys
+import weakref
 from pathlib import Path
 
 from docutils import nodes
@@ -213,7 +222,58 @@ def _share_html_visitors(app):
             handlers.setdefault(app.builder.name, {}).setdefault(node, visitors)
 
 
+def _keep_pybtex_plugins() -> None:
+    import pybtex.plugin
+
+    load = pybtex.plugin._load_entry_point
+    if not hasattr(load, "cache_info"):  # not twice, when Sphinx runs again in-process
+        pybtex.plugin._load_entry_point = functools.cache(load)
+
+
+# The pages a build's ``{numref}`` resolution has unpickled, for each environment.
+_NUMREF_PAGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _NumrefDoctrees:
+    """The environment, for StandardDomain's ``{numref}`` resolution, with each page
+    it looks a target up in unpickled once (it only reads the page)."""
+
+    def __init__(self, env) -> None:
+        self._env = env
+        self._pages = _NUMREF_PAGES.setdefault(env, {})
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def get_doctree(self, docname: str):
+        if docname not in self._pages:
+            self._pages[docname] = self._env.get_doctree(docname)
+        return self._pages[docname]
+
+
+def _keep_numref_doctrees() -> None:
+    from sphinx.domains.std import StandardDomain
+
+    resolve = StandardDomain._resolve_numref_xref
+    if getattr(resolve, "keeps_doctrees", False):  # not twice in one process
+        return
+
+    def _resolve_numref_xref(self, env, *args, **kwargs):
+        return resolve(self, _NumrefDoctrees(env), *args, **kwargs)
+
+    _resolve_numref_xref.keeps_doctrees = True
+    StandardDomain._resolve_numref_xref = _resolve_numref_xref
+
+
+def _forget_numref_doctrees(app, env) -> None:
+    """Pages are pickled as they are read: those kept are of the reading just done."""
+    _NUMREF_PAGES.pop(env, None)
+
+
 def setup(app):
+    _keep_pybtex_plugins()
+    _keep_numref_doctrees()
+    app.connect("env-updated", _forget_numref_doctrees)
     app.connect("builder-inited", _share_html_visitors)
     app.add_directive("claims-ledger", ClaimsLedger)
     app.add_node(_LedgerLink)
