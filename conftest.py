@@ -65,3 +65,16 @@ def pytest_configure(config: pytest.Config) -> None:
         return spec
 
     manager.get_kernel_spec = get_kernel_spec
+
+
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    # softmaxbook.checks lists its checkers in __test__ so that
+    # doctest.testmod(softmaxbook.checks) runs their examples although they are
+    # defined in its submodules; pytest's --doctest-modules collects those
+    # submodules themselves, so the listed copies would run every example twice.
+    twice = [item for item in items if ".__test__." in item.name]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        items[:] = [item for item in items if ".__test__." not in item.name]
