@@ -16,8 +16,7 @@ all: test
 setup: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
 	$(BIN)/python tools/install.py -r requirements.txt
 	touch $(STAMP)
 

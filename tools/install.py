@@ -18,6 +18,13 @@ itself reports (``pip config list``: its configuration files and the ``PIP_*``
 variables) are passed on: ``find-links``, ``index-url``, ``extra-index-url``,
 ``constraint``, ``no-index``. Where uv cannot be installed or fails, pip installs
 the same requirements as before.
+
+The venv is made without pip (``python -m venv --without-pip``): ``ensurepip``,
+upgrading the pip it installs and installing uv with that pip took 10 s of CPU before
+uv started. uv is installed into the venv by the pip of the Python the venv was made
+from (``pip --python``), and installs pip beside the requirements, so the venv has one
+for later use. Where that pip is missing or cannot, the venv gets its own pip first
+(``ensurepip``), as before.
 """
 
 from __future__ import annotations
@@ -36,10 +43,25 @@ OPTIONS = {
 }
 
 
+# The pip that runs, as a command: the base Python's (installing into this venv with
+# --python) until the venv has its own.
+PIP = [getattr(sys, "_base_executable", sys.executable), "-m", "pip"]
+
+
+def run(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pip", *args], capture_output=True, text=True
-    )
+    return run(*PIP, *args)
+
+
+def own_pip() -> None:
+    """Give the venv its own pip (a no-op where it has one) and use it."""
+    if run(sys.executable, "-m", "pip", "--version").returncode != 0:
+        run(sys.executable, "-m", "ensurepip", "--upgrade")
+        run(sys.executable, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    PIP[:] = [sys.executable, "-m", "pip"]
 
 
 def pip_settings() -> dict[str, str]:
@@ -65,20 +87,32 @@ def uv_options(settings: dict[str, str]) -> list[str]:
     return options
 
 
+def install_uv() -> bool:
+    """uv in this venv, by the base Python's pip, else by the venv's own."""
+    if pip("--python", sys.executable, "install", "--quiet", "uv").returncode == 0:
+        return True
+    own_pip()
+    return pip("install", "--quiet", "uv").returncode == 0
+
+
 def main(argv: list[str]) -> int:
-    if pip("install", "--quiet", "uv").returncode == 0:
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        print("tools/install.py: run it with the venv's python", file=sys.stderr)
+        return 2
+    if install_uv():
+        settings = pip_settings()
         # pip takes the best version from all of its indexes together; uv, by
         # default, only from the first index that has the package.
         command = [sys.executable, "-m", "uv", "pip", "install", "--quiet"]
         command += ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
-        command += ["--python", sys.executable, *uv_options(pip_settings()), *argv]
-        settings = pip_settings()
+        command += ["--python", sys.executable, *uv_options(settings), "pip", *argv]
         env = dict(os.environ)
         if settings.get("cert"):  # pip's certificate bundle, for uv's downloads too
             env.setdefault("SSL_CERT_FILE", settings["cert"])
         if subprocess.run(command, env=env).returncode == 0:
             return 0
         print("tools/install.py: uv failed; installing with pip", file=sys.stderr)
+    own_pip()
     pip_command = [sys.executable, "-m", "pip", "install", "--quiet", *argv]
     return subprocess.run(pip_command).returncode
 
