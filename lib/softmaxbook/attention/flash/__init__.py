@@ -88,9 +88,13 @@ def _run(
     path, _ = decide(q, k, v, args, explicit or block_size is not None)
     plan = Plan(args.causal or "", args.scale, args.groups, block_q, block_k, path)
     mask = args.mask
-    if plan.path == "torch-fused" and mask is not None and not args.additive:
+    fused = plan.path == "torch-fused" and not args.additive
+    if fused and mask is not None and not torch.compiler.is_compiling():
         # torch's kernel adds a float mask: converted once, here, the node saves it
-        # and its backward pass reads it as it is (as torch's own SDPA does)
+        # and its backward pass reads it as it is (as torch's own SDPA does).
+        # Compiled, the operator gets the boolean mask (each pass converts it for
+        # the kernel): when it runs it may still take the tile loops, which must
+        # remove a masked key (a nan there stays out), not add -inf to it.
         mask = _fused.as_additive(mask, q.dtype)
     return run(q, k, v, mask, args.sinks, plan, lse_grad=return_lse)
 

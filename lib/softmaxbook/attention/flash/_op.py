@@ -31,7 +31,7 @@ from ..._numerics import acc_dtype, functorch_active
 from .._args import rebuild_attention
 from . import _fused, _tiles
 from ._layout import prepare
-from ._path import mask_fits_fused
+from ._path import fits_fused, mask_fits_fused
 
 __all__ = [
     "Plan",
@@ -78,12 +78,18 @@ def _as_promised(x: Tensor, like: Tensor | None) -> Tensor:
     return like.copy_(x)
 
 
-def _when_run(plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None) -> Plan:
+def _when_run(
+    plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None, fits: Tensor | None
+) -> Plan:
     """The plan as the operator runs it. A path chosen while torch.compile traced
     could not read the mask: torch's fused kernel stays only where every row keeps
     a key and q, k are finite (as an eager call checks first), else the tile loops.
-    Reading values is allowed here: the compiler sees the fake kernel, not this."""
-    if plan.path != "torch-fused" or mask is None or mask_fits_fused(q, k, mask):
+    ``fits`` is that answer where the compiled graph computed it (``fits_fused``),
+    else it is computed here. Reading values is allowed here: the compiler sees the
+    fake kernel, not this."""
+    if plan.path != "torch-fused" or mask is None:
+        return plan
+    if mask_fits_fused(q, k, mask) if fits is None else bool(fits):
         return plan
     return plan._replace(path="tiles")
 
@@ -209,10 +215,12 @@ def flash_attention_op(
     block_q: int,
     block_k: int,
     path: str,
+    fits: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """FlashAttention's forward pass: ``(out, lse)``."""
+    """FlashAttention's forward pass: ``(out, lse)``. ``fits``: whether torch's
+    kernel may take this masked call, where the caller has computed it."""
     traced = Plan(causal, scale, groups, block_q, block_k, path)
-    plan = _when_run(traced, q, k, mask)
+    plan = _when_run(traced, q, k, mask, fits)
     out, lse = forward(q, k, v, mask, sinks, plan)
     kernel = _kernel_layout(q, traced)
     if kernel and plan is traced:
@@ -235,7 +243,7 @@ def _kernel_layout(q: Tensor, plan: Plan) -> bool:
 
 
 @flash_attention_op.register_fake
-def _(q, k, v, mask, sinks, causal, scale, groups, block_q, block_k, path):  # type: ignore[no-untyped-def]
+def _(q, k, v, mask, sinks, causal, scale, groups, block_q, block_k, path, fits=None):  # type: ignore[no-untyped-def]
     plan = Plan(causal, scale, groups, block_q, block_k, path)
     if _kernel_layout(q, plan):
         return _fused.empty_outputs(q, v)
@@ -261,11 +269,12 @@ def flash_attention_backward_op(
     block_q: int,
     block_k: int,
     path: str,
+    fits: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
-    empty without sinks)."""
+    empty without sinks); ``fits`` as in the forward pass."""
     traced = Plan(causal, scale, groups, block_q, block_k, path)
-    plan = _when_run(traced, q, k, mask)
+    plan = _when_run(traced, q, k, mask, fits)
     saved = (q, k, v, out, lse)
     if grad_lse is not None and not bool(grad_lse.any()):
         # A compiled graph hands the operator zeros for a logsumexp nobody used (an
@@ -287,28 +296,28 @@ def flash_attention_backward_op(
 
 
 @flash_attention_backward_op.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan):  # type: ignore[no-untyped-def]
+def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan_and_fits):  # type: ignore[no-untyped-def]
     # torch's kernel's layout where it runs (its meta function's), else contiguous:
     # empty_like would promise q's strides, which the tile loops do not keep.
     ds = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    if _kernel_layout(q, Plan(*plan)):
+    if _kernel_layout(q, Plan(*plan_and_fits[: len(Plan._fields)])):
         return (*_fused.empty_grads(q, k, v), ds)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
 def _setup_op(ctx: Any, inputs: tuple, output: tuple) -> None:
-    q, k, v, mask, sinks, *plan = inputs
-    ctx.save_for_backward(q, k, v, *output, mask, sinks)
+    q, k, v, mask, sinks, *plan, fits = inputs
+    ctx.save_for_backward(q, k, v, *output, mask, sinks, fits)
     ctx.plan = plan
 
 
 def _backward_op(ctx: Any, grad_out: Tensor, grad_lse: Tensor) -> tuple:
-    q, k, v, out, lse, mask, sinks = ctx.saved_tensors
+    q, k, v, out, lse, mask, sinks, fits = ctx.saved_tensors
     dq, dk, dv, ds = flash_attention_backward_op(
-        grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *ctx.plan
+        grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *ctx.plan, fits
     )
     d_sinks = ds if sinks is not None else None
-    return (dq, dk, dv, None, d_sinks) + (None,) * len(ctx.plan)
+    return (dq, dk, dv, None, d_sinks) + (None,) * (len(ctx.plan) + 1)
 
 
 flash_attention_op.register_autograd(_backward_op, setup_context=_setup_op)
@@ -329,7 +338,13 @@ def run(
             # gradient for the logsumexp (the kernel's derivative takes none).
             causal, gqa = bool(plan.causal), plan.groups > 1
             return _fused.forward(q, k, v, None, causal, plan.scale, gqa)
-        return flash_attention_op(q, k, v, mask, sinks, *plan)
+        # Whether torch's kernel may take a masked call reads values: computed in
+        # the graph, beside its other kernels (the mask's half once for all the
+        # layers given the same mask), so the operator, forward and backward, only
+        # reads the answer.
+        fused = plan.path == "torch-fused"
+        fits = fits_fused(q, k, mask) if fused and mask is not None else None
+        return flash_attention_op(q, k, v, mask, sinks, *plan, fits)
     return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
 
 

@@ -265,6 +265,40 @@ def test_a_masked_nan_key_never_reaches_the_output():
     assert torch.isfinite(out).all()
 
 
+def test_a_compiled_call_reads_the_mask_when_it_runs():
+    """Compiled, the graph computes whether torch's kernel may take a masked call
+    (rows that keep a key, finite q and k) and the operator reads that answer when
+    it runs: a row with nothing to attend gets the tile loops' -inf logsumexp and
+    zero gradients, a nan at a masked key stays out, as in an eager call."""
+    torch._dynamo.reset()
+
+    def f(q, k, v, keep):
+        out, lse = sb.flash_attention(q, k, v, mask=keep, return_lse=True)
+        return out, lse
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    q, k, v = _qkv(6, 9)
+    keep = torch.ones(2, 1, 6, 9, dtype=torch.bool)
+    empty_row, nan_key = keep.clone(), keep.clone()
+    empty_row[1, 0, 2] = False  # row 2 of batch 1 attends to nothing
+    nan_key[..., 3] = False  # key 3 masked everywhere, and a nan in it
+    k_nan = k.detach().clone()
+    k_nan[..., 3, :] = float("nan")
+    for keys, mask in ((k, keep), (k, empty_row), (k_nan, nan_key)):
+        results = []
+        for run in (f, compiled):
+            inputs = [x.detach().clone().requires_grad_() for x in (q, keys, v)]
+            out, lse = run(*inputs, mask)
+            (out.sum() + lse.masked_fill(lse.isinf(), 0).sum()).backward()
+            results.append((out, lse, *(x.grad for x in inputs)))
+        for got, want in zip(results[1], results[0], strict=True):
+            torch.testing.assert_close(got, want, equal_nan=True)
+        if mask is empty_row:  # the tile loops' answer, which torch's kernel is not
+            assert torch.isneginf(results[1][1][1, :, 2]).all()
+        if mask is nan_key:
+            assert torch.isfinite(results[1][0]).all()
+
+
 def test_vmap_and_jacrev_over_the_function():
     q, k, v = (t.detach() for t in _leaves((3, 5, 4), (3, 7, 4), (3, 7, 4)))
 
