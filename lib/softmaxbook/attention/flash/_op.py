@@ -216,11 +216,14 @@ def flash_attention_op(
     block_k: int,
     path: str,
     fits: Tensor | None = None,
+    kernel_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """FlashAttention's forward pass: ``(out, lse)``. ``fits``: whether torch's
-    kernel may take this masked call, where the caller has computed it."""
+    """FlashAttention's forward pass: ``(out, lse)``. Where the caller computed
+    them: ``fits``, whether torch's kernel may take this masked call, and
+    ``kernel_mask``, the float mask that kernel adds (from a boolean ``mask``)."""
     traced = Plan(causal, scale, groups, block_q, block_k, path)
     plan = _when_run(traced, q, k, mask, fits)
+    mask = _mask_read(plan, traced, mask, kernel_mask)
     out, lse = forward(q, k, v, mask, sinks, plan)
     kernel = _kernel_layout(q, traced)
     if kernel and plan is traced:
@@ -237,13 +240,22 @@ def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
     return tuple(torch.broadcast_shapes(qb, kb, vb))
 
 
+def _mask_read(
+    plan: Plan, traced: Plan, mask: Tensor | None, kernel_mask: Tensor | None
+) -> Tensor | None:
+    """The mask a pass reads: the float one given for torch's kernel where the
+    traced plan holds (its keys all finite, -inf removes a key as well as False
+    does), the boolean one where the tile loops must remove masked keys."""
+    return kernel_mask if plan is traced and kernel_mask is not None else mask
+
+
 def _kernel_layout(q: Tensor, plan: Plan) -> bool:
     """Whether the traced plan promises torch's kernel's layouts (else contiguous)."""
     return plan.path == "torch-fused" and _fused.keeps_layout(q, plan.groups)
 
 
 @flash_attention_op.register_fake
-def _(q, k, v, mask, sinks, causal, scale, groups, block_q, block_k, path, fits=None):  # type: ignore[no-untyped-def]
+def _(q, k, v, mask, sinks, causal, scale, groups, block_q, block_k, path, *masks):  # type: ignore[no-untyped-def]
     plan = Plan(causal, scale, groups, block_q, block_k, path)
     if _kernel_layout(q, plan):
         return _fused.empty_outputs(q, v)
@@ -270,11 +282,13 @@ def flash_attention_backward_op(
     block_k: int,
     path: str,
     fits: Tensor | None = None,
+    kernel_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
-    empty without sinks); ``fits`` as in the forward pass."""
+    empty without sinks); ``fits`` and ``kernel_mask`` as in the forward pass."""
     traced = Plan(causal, scale, groups, block_q, block_k, path)
     plan = _when_run(traced, q, k, mask, fits)
+    mask = _mask_read(plan, traced, mask, kernel_mask)
     saved = (q, k, v, out, lse)
     if grad_lse is not None and not bool(grad_lse.any()):
         # A compiled graph hands the operator zeros for a logsumexp nobody used (an
@@ -296,28 +310,28 @@ def flash_attention_backward_op(
 
 
 @flash_attention_backward_op.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan_and_fits):  # type: ignore[no-untyped-def]
+def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan_and_masks):  # type: ignore[no-untyped-def]
     # torch's kernel's layout where it runs (its meta function's), else contiguous:
     # empty_like would promise q's strides, which the tile loops do not keep.
     ds = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    if _kernel_layout(q, Plan(*plan_and_fits[: len(Plan._fields)])):
+    if _kernel_layout(q, Plan(*plan_and_masks[: len(Plan._fields)])):
         return (*_fused.empty_grads(q, k, v), ds)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
 def _setup_op(ctx: Any, inputs: tuple, output: tuple) -> None:
-    q, k, v, mask, sinks, *plan, fits = inputs
-    ctx.save_for_backward(q, k, v, *output, mask, sinks, fits)
+    q, k, v, mask, sinks, *plan, fits, kernel_mask = inputs
+    ctx.save_for_backward(q, k, v, *output, mask, sinks, fits, kernel_mask)
     ctx.plan = plan
 
 
 def _backward_op(ctx: Any, grad_out: Tensor, grad_lse: Tensor) -> tuple:
-    q, k, v, out, lse, mask, sinks, fits = ctx.saved_tensors
+    q, k, v, out, lse, mask, sinks, *masks = ctx.saved_tensors
     dq, dk, dv, ds = flash_attention_backward_op(
-        grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *ctx.plan, fits
+        grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *ctx.plan, *masks
     )
     d_sinks = ds if sinks is not None else None
-    return (dq, dk, dv, None, d_sinks) + (None,) * (len(ctx.plan) + 1)
+    return (dq, dk, dv, None, d_sinks) + (None,) * (len(ctx.plan) + len(masks))
 
 
 flash_attention_op.register_autograd(_backward_op, setup_context=_setup_op)
@@ -341,10 +355,14 @@ def run(
         # Whether torch's kernel may take a masked call reads values: computed in
         # the graph, beside its other kernels (the mask's half once for all the
         # layers given the same mask), so the operator, forward and backward, only
-        # reads the answer.
-        fused = plan.path == "torch-fused"
-        fits = fits_fused(q, k, mask) if fused and mask is not None else None
-        return flash_attention_op(q, k, v, mask, sinks, *plan, fits)
+        # reads the answer; so is the float mask the kernel adds. The boolean mask
+        # stays for the tile loops, where the answer is no.
+        fits = kernel_mask = None
+        if plan.path == "torch-fused" and mask is not None:
+            fits = fits_fused(q, k, mask)
+            if mask.dtype == torch.bool:
+                kernel_mask = _fused.as_additive(mask, q.dtype)
+        return flash_attention_op(q, k, v, mask, sinks, *plan, fits, kernel_mask)
     return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
 
 
