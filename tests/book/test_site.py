@@ -213,7 +213,7 @@ class _Browser:
         self._context = None
         self._tab = None
 
-    def tab(self, base: str, fresh: bool = False):
+    def tab(self, fresh: bool = False):
         if fresh:
             self.close_tab()
         if self._context is None:
@@ -243,7 +243,7 @@ class _Visit:
         self.base = base
         self.browser = browser
         self.problems: list[str] = []
-        self.page = browser.tab(base, fresh)
+        self.page = browser.tab(fresh)
         self.page.set_viewport_size({"width": width, "height": HEIGHT})
         self.listeners = {
             "pageerror": lambda error: self.problems.append(
