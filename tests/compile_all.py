@@ -15,6 +15,18 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+import torch._inductor.config
+
+# For these tests only (patched around each compile, never for users): inductor
+# generates scalar C++ loops, not AVX vector code, and compiles them without
+# line tables. The graphs, their lowering, fusion and scheduling are inductor's
+# as a user gets them; generating and compiling the vector loops (and their
+# tails) as well took a third of the tests' CPU on a 2-core machine, and the
+# vector code is torch's to test, not this library's.
+INDUCTOR_TEST_CONFIG = {
+    "cpp.vec_isa_ok": False,
+    "aot_inductor.enable_line_tables": False,
+}
 
 
 def selected(names: Sequence[Any]) -> list[Any]:
@@ -42,7 +54,8 @@ def compile_together(
 
     torch._dynamo.reset()
     try:
-        compiled = run(torch.compile(every_case, fullgraph=True, backend=recording))
+        with torch._inductor.config.patch(INDUCTOR_TEST_CONFIG):
+            compiled = run(torch.compile(every_case, fullgraph=True, backend=recording))
     except Exception as error:
         if len(cases) == 1:
             raise
