@@ -57,11 +57,11 @@ format: $(STAMP)
 # and the browser check. Two pytest workers (the machine's two cores), the website built
 # beside them. --dist loadgroup is scheduled by tests/conftest.py: a notebook's cells,
 # and each website or course-kit test file, stay on one worker; the unit tests go one
-# by one to whichever worker is free. mypy runs as one of those tests
-# (tests/test_typecheck.py): before pytest, its half minute on one core kept the other
-# core waiting.
-test: $(STAMP) lint doctest
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not a11y"
+# by one to whichever worker is free. mypy and the doctests of lib/ (collected by the
+# root conftest.py when lib is named) run as some of those tests: before pytest, their
+# minute on one core kept the other core waiting.
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not a11y" tests chapters lib
 
 ## test-a11y: axe-core's WCAG 2.1 AA rules on every built page, light and dark mode
 # (serious or critical findings fail). Minutes of browser time: run before a merge that

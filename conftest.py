@@ -67,6 +67,28 @@ def pytest_configure(config: pytest.Config) -> None:
     manager.get_kernel_spec = get_kernel_spec
 
 
+_LIB = Path(__file__).parent / "lib"
+
+
+def pytest_collect_file(
+    file_path: Path, parent: pytest.Collector
+) -> pytest.Collector | None:
+    """The docstrings' examples of lib/ wherever lib/ is collected (`make test`
+    passes it beside tests/ and chapters/), as `pytest --doctest-modules lib`
+    (`make doctest`) runs them: in one run with the other tests, on both workers,
+    instead of a run of their own before them while the other core waits."""
+    if (
+        file_path.suffix == ".py"
+        and _LIB in file_path.parents
+        and file_path.name != "conftest.py"
+        and not parent.config.getoption("doctestmodules")
+    ):
+        from _pytest.doctest import DoctestModule
+
+        return DoctestModule.from_parent(parent, path=file_path)
+    return None
+
+
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
