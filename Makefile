@@ -8,11 +8,6 @@ STAMP  := $(VENV)/.installed
 CHAPTERS := $(wildcard chapters/*.ipynb chapters/*/*.ipynb)
 JB_FLAGS := -W -n --keep-going
 export PYTHONHASHSEED := 0
-# Python caches each module's bytecode when it first imports it (some machines, CI's
-# among them, turn that off with PYTHONDONTWRITEBYTECODE): without the cache every
-# process compiles torch, Jupyter and the library again, and compiling the whole venv
-# at install instead costs a minute of CPU for the many modules no test imports.
-unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: all setup book pdf screenshots lint typecheck doctest format test test-a11y test-fast test-portable test-oldest execute lab bench student clean
 

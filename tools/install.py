@@ -5,13 +5,12 @@ Usage (the Makefile's setup step; the venv's own python runs it)::
     .venv/bin/python tools/install.py -r requirements.txt
 
 ``uv pip install`` does in about 35 s on two cores what ``pip install`` does in about
-100 s (pip unpacks and compiles one wheel at a time; uv in parallel). uv leaves the
-bytecode to be compiled when a module is first imported: compiling all of it at install
-(``--compile-bytecode``) took 76 s of CPU, most of it for modules no test imports. The
-Makefile lets Python write that cache (it unexports ``PYTHONDONTWRITEBYTECODE``, which
-CI machines set): without it, every process would compile torch, pandas and the
-Jupyter stack again (it doubled the course-kit tests' time). A fresh clone's
-``make test`` pays for the install, so it is worth the difference.
+100 s (pip unpacks and compiles one wheel at a time; uv in parallel). Both compile every
+module's bytecode at install: uv only when asked (``--compile-bytecode``), and it must
+be, since with ``PYTHONDONTWRITEBYTECODE`` set (as on CI machines) nothing is cached at
+import and every process would compile torch, pandas and the Jupyter stack again (it
+doubled the course-kit tests' time). A fresh clone's ``make test`` pays for the
+install, so it is worth the difference.
 
 uv does not read pip's configuration, and the machine's pip settings are what keep a
 CPU-only torch from being replaced by a CUDA build from PyPI. So the settings pip
@@ -105,7 +104,7 @@ def main(argv: list[str]) -> int:
         # pip takes the best version from all of its indexes together; uv, by
         # default, only from the first index that has the package.
         command = [sys.executable, "-m", "uv", "pip", "install", "--quiet"]
-        command += ["--index-strategy", "unsafe-best-match"]
+        command += ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
         command += ["--python", sys.executable, *uv_options(settings), "pip", *argv]
         env = dict(os.environ)
         if settings.get("cert"):  # pip's certificate bundle, for uv's downloads too
