@@ -55,6 +55,12 @@ def _kernel(conn: socket.socket, request: dict, stdio: list[int]) -> None:
     del sys.path[0]
     sys.argv = ["ipykernel_launcher", *request["argv"]]
     _matplotlib_as_imported_here()
+    if _TRITON_MODE and os.environ.get("TRITON_INTERPRET") != _TRITON_MODE[0]:
+        sys.stderr.write(
+            f"this kernel's TRITON_INTERPRET is not the zygote's ({_TRITON_MODE[0]}), "
+            "which Triton read when it was imported: run with SOFTMAXBOOK_ZYGOTE=0\n"
+        )
+        os._exit(1)
 
     def watch() -> None:  # the launcher gone (killed): so is the kernel
         conn.recv(1)
@@ -101,6 +107,24 @@ def _matplotlib_as_imported_here() -> None:
     matplotlib.rcParams["backend"] = os.environ.get("MPLBACKEND") or _INLINE
 
 
+# The TRITON_INTERPRET Triton read when the zygote imported it (empty: not imported).
+_TRITON_MODE: list[str] = []
+
+
+def _import_dynamo() -> None:
+    """torch._dynamo, which an optimizer's first step, flex attention and
+    ``torch.nn.attention.bias`` import (1.7 s of CPU in every such notebook). It
+    imports Triton, which reads ``TRITON_INTERPRET`` once: so only where that is set
+    here (tests/conftest.py sets it without CUDA), and each kernel checks that it
+    asks for the same."""
+    mode = os.environ.get("TRITON_INTERPRET")
+    if mode is None or "triton" in sys.modules:
+        return
+    import torch._dynamo  # noqa: F401
+
+    _TRITON_MODE.append(mode)
+
+
 def serve(path: str) -> None:
     import ipykernel.kernelapp  # noqa: F401  (IPython, zmq, tornado)
     import numpy  # noqa: F401
@@ -116,6 +140,7 @@ def serve(path: str) -> None:
         import softmaxbook  # noqa: F401
     except ImportError:
         pass
+    _import_dynamo()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the OS
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -20,6 +20,7 @@ PROBE = """
 import json, os, sys
 seen = {"torch": "torch" in sys.modules, "pyplot": "matplotlib.pyplot" in sys.modules}
 seen.update(cwd=os.getcwd(), pid=os.getpid(), var=os.environ.get("PROBE"))
+seen["dynamo"] = "torch._dynamo" in sys.modules
 import matplotlib, matplotlib.pyplot as plt
 seen["backend"] = matplotlib.get_backend()
 print(json.dumps(seen))
@@ -101,6 +102,8 @@ def test_a_forked_kernel_is_a_fresh_kernel_with_torch_imported(
     assert seen["cwd"] == str(tmp_path)
     assert seen["var"] == "from the client"
     assert seen["torch"] and seen["pyplot"]
+    # torch._dynamo (and Triton) where TRITON_INTERPRET is chosen (tests/conftest.py)
+    assert seen["dynamo"] == ("TRITON_INTERPRET" in os.environ)
     assert seen["backend"] == backend or (
         backend is None
         and seen["backend"] == "module://matplotlib_inline.backend_inline"
