@@ -44,7 +44,6 @@ from ..._validate import CAUSAL_ALIGNMENTS as _CAUSAL_ALIGNMENTS
 from ..._validate import check_float
 from ...kernels import dispatch as _dispatch
 from .._args import AttentionArgs, resolve_attention
-from . import _fused
 from ._layout import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE  # the tile loop's tiles
 from ._layout import block_sizes, prepare
 from ._op import (
@@ -87,16 +86,7 @@ def _run(
     block_q, block_k = block_sizes(block_size)  # checked where torch's kernel runs too
     path, _ = decide(q, k, v, args, explicit or block_size is not None)
     plan = Plan(args.causal or "", args.scale, args.groups, block_q, block_k, path)
-    mask = args.mask
-    fused = plan.path == "torch-fused" and not args.additive
-    if fused and mask is not None and not torch.compiler.is_compiling():
-        # torch's kernel adds a float mask: converted once, here, the node saves it
-        # and its backward pass reads it as it is (as torch's own SDPA does).
-        # Compiled, the operator gets the boolean mask (each pass converts it for
-        # the kernel): when it runs it may still take the tile loops, which must
-        # remove a masked key (a nan there stays out), not add -inf to it.
-        mask = _fused.as_additive(mask, q.dtype)
-    return run(q, k, v, mask, args.sinks, plan, lse_grad=return_lse)
+    return run(q, k, v, args.mask, args.sinks, plan, lse_grad=return_lse)
 
 
 class _FlashAttention:

@@ -6,8 +6,8 @@ without computing, and ``register_autograd``), so ``torch.compile`` sees one
 operator and its backward, never the tile loops inside. Where torch's own CPU
 kernel computes a compiled call and nothing is left to decide when it runs (no
 mask to read, no logsumexp returned), :func:`run` hands the compiler that kernel
-itself instead, as torch's SDPA compiles: the operator's Python layers cost a
-small model's compiled training step about a tenth of its time. Outside a compiled
+itself instead, as torch's SDPA compiles: running the operator cost a small
+model's compiled training step about a tenth of its time. Outside a compiled
 region the same computation runs as the autograd Function
 :class:`FlashAttentionFunction`, whose ``vmap`` rules make ``torch.func``
 transforms (``vmap``, ``grad``, ``jacrev``) work; both share
@@ -344,6 +344,12 @@ def run(
     """``(out, lse)``: the operator where torch.compile traces, the autograd
     Function (whose node :data:`~softmaxbook.FlashAttention` documents)
     elsewhere. ``lse_grad=False``: the caller does not return the logsumexp."""
+    fused_mask = mask if plan.path == "torch-fused" else None  # read by the kernel
+    kernel_mask = None
+    if fused_mask is not None and fused_mask.dtype == torch.bool:
+        # torch's kernel adds a float mask: converted once, here (as torch's own
+        # SDPA does), and saved for the backward pass as it is
+        kernel_mask = _fused.as_additive(fused_mask, q.dtype)
     if torch.compiler.is_compiling():
         if _traced_kernel(mask, sinks, plan, lse_grad):
             # torch's kernel traced as itself (aten's op and its derivative), as
@@ -355,14 +361,13 @@ def run(
         # Whether torch's kernel may take a masked call reads values: computed in
         # the graph, beside its other kernels (the mask's half once for all the
         # layers given the same mask), so the operator, forward and backward, only
-        # reads the answer; so is the float mask the kernel adds. The boolean mask
-        # stays for the tile loops, where the answer is no.
-        fits = kernel_mask = None
-        if plan.path == "torch-fused" and mask is not None:
-            fits = fits_fused(q, k, mask)
-            if mask.dtype == torch.bool:
-                kernel_mask = _fused.as_additive(mask, q.dtype)
+        # reads the answer. It gets the boolean mask too: where the answer is no,
+        # the tile loops must remove a masked key (a nan there stays out), not add
+        # -inf to it.
+        fits = None if fused_mask is None else fits_fused(q, k, fused_mask)
         return flash_attention_op(q, k, v, mask, sinks, *plan, fits, kernel_mask)
+    # Eager, the path was chosen reading the values: the kernel's mask is the mask.
+    mask = mask if kernel_mask is None else kernel_mask
     return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
 
 
