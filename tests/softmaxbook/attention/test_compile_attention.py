@@ -195,12 +195,15 @@ def _compare(names: list[str], backend: str, dtype: torch.dtype) -> None:
     )
     # flash reaches the compiler whole, never traced through its tile loops: as
     # torch's own kernel where that computes it and nothing is left to decide when
-    # it runs (no mask to read, no logsumexp returned), else as the library's op.
-    code = graph.code
+    # it runs (no mask to read, no logsumexp returned), else as the library's op
+    # pair, inside the autograd Function that dynamo records as subgraphs.
+    modules = graph.modules()
+    code = "\n".join(m.code for m in modules if isinstance(m, torch.fx.GraphModule))
     if set(names) & KERNEL_CASES:
         assert "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu" in code
     if set(names) & OP_CASES:
-        assert "torch.ops.softmaxbook.flash_attention" in code
+        assert "torch.ops.softmaxbook.flash_attention.default(" in code
+        assert "torch.ops.softmaxbook.flash_attention_backward.default(" in code
     failures = []
     for name, got_case, want_case in zip(names, compiled, eager):
         try:

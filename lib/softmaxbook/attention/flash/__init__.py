@@ -10,11 +10,11 @@ row maximum and sum), and recomputes the tiles: with
 stored weights (see :func:`flash_attention_backward`).
 
 It is one operator, ``torch.ops.softmaxbook.flash_attention`` (``torch.compile``
-sees it whole), and outside compiled code an autograd Function whose node is the
-output's own ``grad_fn`` and saves exactly ``Q, K, V, O`` and the logsumexp
-(:data:`FlashAttention`). Three implementations run it, and
-``explain_dispatch("flash_attention", q, k, v, **options)`` says which one a
-call takes, and why:
+sees it whole, and its backward pass as a second one), and outside compiled
+code an autograd Function whose node is the output's own ``grad_fn`` and saves
+exactly ``Q, K, V, O`` and the logsumexp (:data:`FlashAttention`). Three
+implementations run it, and ``explain_dispatch("flash_attention", q, k, v,
+**options)`` says which one a call takes, and why:
 
 - ``"tiles"``: the library's tile loops (``_tiles``), the algorithm as the
   book teaches it (forced by ``block_size=`` or ``explicit=True``; also every
@@ -27,9 +27,11 @@ call takes, and why:
 
 The package holds one job per module: ``_layout`` (every call as one flat
 layout, grouped query heads stacked as rows), ``_path`` (which implementation
-runs), ``_fused`` (the adaptor to torch's CPU kernel), ``_op`` (the operator
-and its autograd Function), ``_tiles`` (the tile loops) and ``steps`` (the
-loop written for reading, :func:`flash_attention_steps`).
+runs), ``_fused`` (the adaptor to torch's CPU kernel), ``_op`` (the
+computation and its autograd Functions for eager calls), ``_operator`` (the
+operator pair torch.compile sees, and the choice between it and the eager
+Function), ``_tiles`` (the tile loops) and ``steps`` (the loop written for
+reading, :func:`flash_attention_steps`).
 """
 
 from __future__ import annotations
@@ -46,14 +48,8 @@ from ...kernels import dispatch as _dispatch
 from .._args import AttentionArgs, resolve_attention
 from ._layout import DEFAULT_BLOCK_SIZE as DEFAULT_BLOCK_SIZE  # the tile loop's tiles
 from ._layout import block_sizes, prepare
-from ._op import (
-    FlashAttentionFunction,
-    Plan,
-    delta,
-    flash_attention_op,
-    run,
-    tile_backward,
-)
+from ._op import FlashAttentionFunction, Plan, delta, tile_backward
+from ._operator import flash_attention_op, run
 from ._path import decide, explain
 from .steps import FlashStep, flash_attention_steps
 
@@ -110,10 +106,12 @@ class _FlashAttention:
 
     Under ``torch.compile`` the call is the operator ``FlashAttention.op``
     (``torch.ops.softmaxbook.flash_attention``, registered with
-    ``torch.library.custom_op``, its fake and its autograd), one node of the
-    graph. The backward pass is first-order; ``torch.func``
-    transforms (``vmap``, ``jacrev``, ``grad``) work through a vmap rule that
-    folds the vmapped dimension into the batch. Rows with nothing to attend
+    ``torch.library``, with its fake), one node of the graph, and its backward
+    pass the operator ``torch.ops.softmaxbook.flash_attention_backward``: an
+    autograd Function joins the two, and the compiler traces it. The backward
+    pass is first-order; ``torch.func`` transforms (``vmap``, ``jacrev``,
+    ``grad``) work through a vmap rule that folds the vmapped dimension into
+    the batch. Rows with nothing to attend
     give zeros, forward and backward. A mask gets no gradient.
 
     Equivalent to ``torch.nn.functional.scaled_dot_product_attention(q, k, v,

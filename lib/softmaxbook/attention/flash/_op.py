@@ -1,17 +1,11 @@
-"""FlashAttention as one operator: ``torch.ops.softmaxbook.flash_attention``.
+"""FlashAttention's computation, and its autograd Functions for eager calls.
 
-The forward and the backward pass are each registered with
-``torch.library.custom_op`` (with ``register_fake``, which gives the shapes
-without computing, and ``register_autograd``), so ``torch.compile`` sees one
-operator and its backward, never the tile loops inside. Where torch's own CPU
-kernel computes a compiled call and nothing is left to decide when it runs (no
-mask to read, no logsumexp returned), :func:`run` hands the compiler that kernel
-itself instead, as torch's SDPA compiles: running the operator cost a small
-model's compiled training step about a tenth of its time. Outside a compiled
-region the same computation runs as the autograd Function
+:func:`forward` and :func:`backward` compute one planned call on the path its
+plan names: torch's CPU kernel (``_fused``), the tile loops (``_tiles``) or the
+Triton kernels. Outside a compiled region they run as the autograd Function
 :class:`FlashAttentionFunction`, whose ``vmap`` rules make ``torch.func``
-transforms (``vmap``, ``grad``, ``jacrev``) work; both share
-:func:`forward` and :func:`backward` below.
+transforms (``vmap``, ``grad``, ``jacrev``) work; under ``torch.compile`` they
+run inside the operator pair of :mod:`._operator`.
 
 A call reaches this module resolved and planned (:class:`Plan`: the causal
 alignment, the scale, the group size, the tiles and the path): nothing here
@@ -31,14 +25,12 @@ from ..._numerics import acc_dtype, functorch_active
 from .._args import rebuild_attention
 from . import _fused, _tiles
 from ._layout import prepare
-from ._path import fits_fused, mask_fits_fused
 
 __all__ = [
     "Plan",
     "FlashAttentionFunction",
     "forward",
     "backward",
-    "run",
     "delta",
     "tile_backward",
 ]
@@ -68,32 +60,6 @@ def _unview(x: Tensor) -> Tensor:
                                x.stride())  # fmt: skip
 
 
-def _as_promised(x: Tensor, like: Tensor | None) -> Tensor:
-    """``x`` in the layout the fake kernel promised: ``like``'s strides, or
-    contiguous where ``like`` is None. A copy only where they differ."""
-    if like is None:
-        return x if x.is_contiguous() and x._base is None else x.contiguous()
-    if x.stride() == like.stride() and x._base is None:
-        return x
-    return like.copy_(x)
-
-
-def _when_run(
-    plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None, fits: Tensor | None
-) -> Plan:
-    """The plan as the operator runs it. A path chosen while torch.compile traced
-    could not read the mask: torch's fused kernel stays only where every row keeps
-    a key and q, k are finite (as an eager call checks first), else the tile loops.
-    ``fits`` is that answer where the compiled graph computed it (``fits_fused``),
-    else it is computed here. Reading values is allowed here: the compiler sees the
-    fake kernel, not this."""
-    if plan.path != "torch-fused" or mask is None:
-        return plan
-    if mask_fits_fused(q, k, mask) if fits is None else bool(fits):
-        return plan
-    return plan._replace(path="tiles")
-
-
 def _with_sink(out: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
     """Merge a sink into a finished row: a state with logsumexp ``sink`` and output 0.
 
@@ -118,10 +84,10 @@ def forward(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The output ``(..., L, Dv)`` in q's dtype and the logsumexp ``(..., L)``."""
     if plan.path == "torch-fused":
-        out, lse = _fused.forward(
+        # as the kernel returns them (views of its buffers: see _unview)
+        return _fused.forward(
             q, k, v, mask, bool(plan.causal), plan.scale, plan.groups > 1
         )
-        return _unview(out), _unview(lse)
     call = _call(q, k, v, mask, sinks, plan)
     p = call.problem
     if plan.path == "triton":
@@ -198,188 +164,6 @@ def tile_backward(
 
 
 # --------------------------------------------------------------------------------------
-# The operator, for torch.compile
-# --------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("softmaxbook::flash_attention", mutates_args=())
-def flash_attention_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    sinks: Tensor | None,
-    causal: str,
-    scale: float,
-    groups: int,
-    block_q: int,
-    block_k: int,
-    path: str,
-    fits: Tensor | None = None,
-    kernel_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """FlashAttention's forward pass: ``(out, lse)``. Where the caller computed
-    them: ``fits``, whether torch's kernel may take this masked call, and
-    ``kernel_mask``, the float mask that kernel adds (from a boolean ``mask``)."""
-    traced = Plan(causal, scale, groups, block_q, block_k, path)
-    plan = _when_run(traced, q, k, mask, fits)
-    mask = _mask_read(plan, traced, mask, kernel_mask)
-    out, lse = forward(q, k, v, mask, sinks, plan)
-    kernel = _kernel_layout(q, traced)
-    if kernel and plan is traced:
-        return out, lse  # torch's kernel: the layouts its meta function promised
-    # The layouts the fake kernel promised: the kernel's, or contiguous.
-    like = _fused.empty_outputs(q, v) if kernel else (None, None)
-    return _as_promised(out, like[0]), _as_promised(lse, like[1])
-
-
-def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
-    qb, kb, vb = tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])
-    if groups > 1:
-        kb, vb = kb[:-1] + (kb[-1] * groups,), vb[:-1] + (vb[-1] * groups,)
-    return tuple(torch.broadcast_shapes(qb, kb, vb))
-
-
-def _mask_read(
-    plan: Plan, traced: Plan, mask: Tensor | None, kernel_mask: Tensor | None
-) -> Tensor | None:
-    """The mask a pass reads: the float one given for torch's kernel where the
-    traced plan holds (its keys all finite, -inf removes a key as well as False
-    does), the boolean one where the tile loops must remove masked keys."""
-    return kernel_mask if plan is traced and kernel_mask is not None else mask
-
-
-def _kernel_layout(q: Tensor, plan: Plan) -> bool:
-    """Whether the traced plan promises torch's kernel's layouts (else contiguous)."""
-    return plan.path == "torch-fused" and _fused.keeps_layout(q, plan.groups)
-
-
-@flash_attention_op.register_fake
-def _(q, k, v, mask, sinks, causal, scale, groups, block_q, block_k, path, *masks):  # type: ignore[no-untyped-def]
-    plan = Plan(causal, scale, groups, block_q, block_k, path)
-    if _kernel_layout(q, plan):
-        return _fused.empty_outputs(q, v)
-    batch, L = _batch(q, k, v, groups), q.shape[-2]
-    out = q.new_empty(batch + (L, v.shape[-1]))
-    return out, q.new_empty(batch + (L,), dtype=acc_dtype(q.dtype))
-
-
-@torch.library.custom_op("softmaxbook::flash_attention_backward", mutates_args=())
-def flash_attention_backward_op(
-    grad_out: Tensor,
-    grad_lse: Tensor | None,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    mask: Tensor | None,
-    sinks: Tensor | None,
-    causal: str,
-    scale: float,
-    groups: int,
-    block_q: int,
-    block_k: int,
-    path: str,
-    fits: Tensor | None = None,
-    kernel_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
-    empty without sinks); ``fits`` and ``kernel_mask`` as in the forward pass."""
-    traced = Plan(causal, scale, groups, block_q, block_k, path)
-    plan = _when_run(traced, q, k, mask, fits)
-    mask = _mask_read(plan, traced, mask, kernel_mask)
-    saved = (q, k, v, out, lse)
-    if grad_lse is not None and not bool(grad_lse.any()):
-        # A compiled graph hands the operator zeros for a logsumexp nobody used (an
-        # eager Function gets None): without this, every compiled backward pass would
-        # leave torch's fused kernel, which takes no logsumexp gradient, for the tile
-        # loops. Reading values is allowed here: the compiler sees only the fake kernel.
-        grad_lse = None
-    fused = plan is traced and grad_lse is None and not functorch_active()
-    dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
-    if ds is None:
-        ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)
-    kernel = _kernel_layout(q, traced)
-    if kernel and fused:  # as torch's kernel returned them
-        return _unview(dq), _unview(dk), _unview(dv), ds
-    # The layouts the fake kernel promised: the kernel's, or contiguous.
-    like = _fused.empty_grads(q, k, v) if kernel else (None, None, None)
-    dq, dk, dv = (_as_promised(g, t) for g, t in zip((dq, dk, dv), like, strict=True))
-    return dq, dk, dv, _as_promised(ds, None)
-
-
-@flash_attention_backward_op.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *plan_and_masks):  # type: ignore[no-untyped-def]
-    # torch's kernel's layout where it runs (its meta function's), else contiguous:
-    # empty_like would promise q's strides, which the tile loops do not keep.
-    ds = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    if _kernel_layout(q, Plan(*plan_and_masks[: len(Plan._fields)])):
-        return (*_fused.empty_grads(q, k, v), ds)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
-
-
-def _setup_op(ctx: Any, inputs: tuple, output: tuple) -> None:
-    q, k, v, mask, sinks, *plan, fits, kernel_mask = inputs
-    ctx.save_for_backward(q, k, v, *output, mask, sinks, fits, kernel_mask)
-    ctx.plan = plan
-
-
-def _backward_op(ctx: Any, grad_out: Tensor, grad_lse: Tensor) -> tuple:
-    q, k, v, out, lse, mask, sinks, *masks = ctx.saved_tensors
-    dq, dk, dv, ds = flash_attention_backward_op(
-        grad_out, grad_lse, q, k, v, out, lse, mask, sinks, *ctx.plan, *masks
-    )
-    d_sinks = ds if sinks is not None else None
-    return (dq, dk, dv, None, d_sinks) + (None,) * (len(ctx.plan) + len(masks))
-
-
-flash_attention_op.register_autograd(_backward_op, setup_context=_setup_op)
-
-
-def run(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None,
-    plan: Plan, lse_grad: bool = True,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """``(out, lse)``: the operator where torch.compile traces, the autograd
-    Function (whose node :data:`~softmaxbook.FlashAttention` documents)
-    elsewhere. ``lse_grad=False``: the caller does not return the logsumexp."""
-    fused_mask = mask if plan.path == "torch-fused" else None  # read by the kernel
-    kernel_mask = None
-    if fused_mask is not None and fused_mask.dtype == torch.bool:
-        # torch's kernel adds a float mask: converted once, here (as torch's own
-        # SDPA does), and saved for the backward pass as it is
-        kernel_mask = _fused.as_additive(fused_mask, q.dtype)
-    if torch.compiler.is_compiling():
-        if _traced_kernel(mask, sinks, plan, lse_grad):
-            # torch's kernel traced as itself (aten's op and its derivative), as
-            # torch's own SDPA compiles: the operator would run the same kernel,
-            # with nothing to decide when it runs (only a mask is read then) and no
-            # gradient for the logsumexp (the kernel's derivative takes none).
-            causal, gqa = bool(plan.causal), plan.groups > 1
-            return _fused.forward(q, k, v, None, causal, plan.scale, gqa)
-        # Whether torch's kernel may take a masked call reads values: computed in
-        # the graph, beside its other kernels (the mask's half once for all the
-        # layers given the same mask), so the operator, forward and backward, only
-        # reads the answer. It gets the boolean mask too: where the answer is no,
-        # the tile loops must remove a masked key (a nan there stays out), not add
-        # -inf to it.
-        fits = None if fused_mask is None else fits_fused(q, k, fused_mask)
-        return flash_attention_op(q, k, v, mask, sinks, *plan, fits, kernel_mask)
-    # Eager, the path was chosen reading the values: the kernel's mask is the mask.
-    mask = mask if kernel_mask is None else kernel_mask
-    return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
-
-
-def _traced_kernel(
-    mask: Tensor | None, sinks: Tensor | None, plan: Plan, lse_grad: bool
-) -> bool:
-    """Whether a compiled call is handed torch's kernel itself, not the operator."""
-    plain = mask is None and sinks is None and not lse_grad
-    return plain and plan.path == "torch-fused"
-
-
-# --------------------------------------------------------------------------------------
 # The autograd Function, for eager mode and torch.func
 # --------------------------------------------------------------------------------------
 
@@ -394,7 +178,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None,
         plan: Plan,
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
-        return forward(q, k, v, mask, sinks, plan)
+        out, lse = forward(q, k, v, mask, sinks, plan)
+        return _unview(out), _unview(lse)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:

@@ -388,7 +388,7 @@ def test_the_fake_kernels_promise_the_real_layouts(path, layout):
     row that attends to nothing, which sends a call planned for torch's kernel to
     the tile loops when it runs (their outputs must then take the kernel's layouts,
     which the fake kernel promised)."""
-    from softmaxbook.attention.flash._op import (
+    from softmaxbook.attention.flash._operator import (
         flash_attention_backward_op,
         flash_attention_op,
     )
@@ -420,7 +420,7 @@ def test_a_zero_logsumexp_gradient_keeps_torchs_fused_backward(monkeypatch):
     """A compiled graph passes zeros, not None, for the gradient of an unused
     logsumexp: the backward operator still takes torch's fused kernel then, and
     gives the gradients of the tile loops; a nonzero one takes the tile loops."""
-    from softmaxbook.attention.flash import _op
+    from softmaxbook.attention.flash import _operator as _op
 
     calls = []
     fused = _op._fused.backward
@@ -447,7 +447,7 @@ def test_the_operator_reads_the_mask_a_traced_call_could_not():
     reads it when it runs: torch's fused kernel for masks whose rows all keep a key
     (as an eager call), the tile loops for a row with nothing to attend (zeros,
     forward and backward, where the fused kernel gives nan)."""
-    from softmaxbook.attention.flash import _op
+    from softmaxbook.attention.flash import _operator as _op
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in "qkv")
@@ -467,3 +467,66 @@ def test_the_operator_reads_the_mask_a_traced_call_could_not():
     )
     assert all(torch.isfinite(d).all() for d in grads[:3])
     assert (grads[0][1, :, 2] == 0).all()
+
+
+def test_the_operators_refuse_a_call_autograd_would_record():
+    """The operator pair carries no derivative of its own (the autograd Function
+    that torch.compile traces around it does): a direct call that autograd would
+    record is refused, where the autograd fallback would only warn and give no
+    gradient. Without gradients it runs."""
+    from softmaxbook.attention.flash import _operator as _op
+
+    q, k, v = _qkv(4, 5)
+    plan = ("", 0.5, 1, 4, 4, "tiles")
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match="no derivative of its own"):
+        _op.flash_attention_op(q, k, v, None, None, *plan)
+    with torch.no_grad():
+        out, _ = _op.flash_attention_op(q, k, v, None, None, *plan)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.5))
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_a_compiled_backward_gets_no_logsumexp_gradient_unless_returned(return_lse):
+    """Compiled, the gradient of a logsumexp the caller does not return is zeros;
+    the backward operator is handed None for it in the compiled backward graph
+    (torch's fused kernel takes no logsumexp gradient), and the logsumexp's
+    gradient where it is returned."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def keep_graph(gm, example_inputs):  # type: ignore[no-untyped-def]
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=keep_graph, bw_compiler=keep_graph)
+
+    def f(q, k, v, keep):
+        result = sb.flash_attention(q, k, v, mask=keep, return_lse=return_lse)
+        return result[0].sum() + result[1].sum() if return_lse else result.sum()
+
+    q, k, v = (x.requires_grad_() for x in _qkv(6, 9))
+    keep = torch.ones(2, 1, 6, 9, dtype=torch.bool).tril()
+    torch.compile(f, backend=backend, fullgraph=True)(q, k, v, keep).backward()
+    op = torch.ops.softmaxbook.flash_attention_backward.default
+    calls = [n for gm in graphs for n in gm.graph.nodes if n.target is op]
+    assert len(calls) == 1 and (calls[0].args[1] is None) is not return_lse
+    want = torch.autograd.grad(f(q, k, v, keep), (q, k, v))
+    torch.testing.assert_close((q.grad, k.grad, v.grad), want)
+
+
+def test_an_output_of_torchs_kernel_can_be_modified_in_place():
+    """An output of torch's kernel (which returns views of its own buffers) can be
+    modified in place, as torch's own output can; the backward pass then refuses
+    the changed output it saved, as torch's does."""
+    q, k, v = (x.requires_grad_() for x in _qkv(5, 7))
+    path = sb.explain_dispatch("flash_attention", q, k, v, is_causal=True).path
+    assert path == "torch-fused"
+    for attention in (sb.flash_attention, F.scaled_dot_product_attention):
+        out = attention(q, k, v, is_causal=True)
+        out.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()

@@ -1,0 +1,300 @@
+"""FlashAttention as the operators ``torch.compile`` sees, and :func:`run`.
+
+``torch.ops.softmaxbook.flash_attention`` and ``flash_attention_backward`` are
+one operator each (with fake kernels, which give the shapes without computing),
+so a compiled graph holds FlashAttention whole, never the tile loops inside;
+the autograd Function :class:`CompiledFlashAttention` joins them as forward and
+backward, and torch.compile traces it. Where torch's own CPU kernel computes a
+compiled call and nothing is left to decide when it runs (no mask to read, no
+logsumexp returned), :func:`run` hands the compiler that kernel itself instead,
+as torch's SDPA compiles. Outside a compiled region :func:`run` calls the
+autograd Function :class:`~._op.FlashAttentionFunction`; both compute with
+:func:`~._op.forward` and :func:`~._op.backward`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..._numerics import acc_dtype, functorch_active
+from . import _fused
+from ._op import FlashAttentionFunction, Plan, backward, forward
+from ._path import fits_fused, mask_fits_fused
+
+__all__ = [
+    "CompiledFlashAttention",
+    "flash_attention_op",
+    "flash_attention_backward_op",
+    "run",
+]
+
+
+def _as_promised(x: Tensor, like: Tensor | None) -> Tensor:
+    """``x`` in the layout the fake kernel promised: ``like``'s strides, or
+    contiguous where ``like`` is None. A copy only where they differ."""
+    if like is None:
+        return x if x.is_contiguous() and x._base is None else x.contiguous()
+    if x.stride() == like.stride() and x._base is None:
+        return x
+    return like.copy_(x)
+
+
+def _when_run(
+    plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None, fits: Tensor | None
+) -> Plan:
+    """The plan as the operator runs it. A path chosen while torch.compile traced
+    could not read the mask: torch's fused kernel stays only where every row keeps
+    a key and q, k are finite (as an eager call checks first), else the tile loops.
+    ``fits`` is that answer where the compiled graph computed it (``fits_fused``),
+    else it is computed here. Reading values is allowed here: the compiler sees the
+    fake kernel, not this."""
+    if plan.path != "torch-fused" or mask is None:
+        return plan
+    if mask_fits_fused(q, k, mask) if fits is None else bool(fits):
+        return plan
+    return plan._replace(path="tiles")
+
+
+# The operators are defined with torch.library.Library, not custom_op: custom_op
+# puts an autograd kernel written in Python in front of every call, which a
+# compiled graph pays each time it runs, with or without gradients (with it, a
+# small model's compiled training step with a padding mask took about 4 % longer:
+# benchmarks/training_step.py). The derivative is the autograd Function below,
+# which torch.compile traces around them, as in flash-attn's interface; the
+# operators carry none of their own.
+_LIB = torch.library.Library("softmaxbook", "FRAGMENT")
+_PLAN_SCHEMA = (
+    "Tensor? mask, Tensor? sinks, str causal, float scale, SymInt groups, "
+    "SymInt block_q, SymInt block_k, str path, Tensor? fits=None, "
+    "Tensor? kernel_mask=None"
+)
+_LIB.define(
+    f"flash_attention(Tensor q, Tensor k, Tensor v, {_PLAN_SCHEMA}) -> (Tensor, Tensor)"
+)
+_LIB.define(
+    "flash_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
+    f"Tensor v, Tensor out, Tensor lse, {_PLAN_SCHEMA}) -> (Tensor, Tensor, Tensor, "
+    "Tensor)"
+)
+
+
+def _forward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    sinks: Tensor | None,
+    causal: str,
+    scale: float,
+    groups: int,
+    block_q: int,
+    block_k: int,
+    path: str,
+    fits: Tensor | None = None,
+    kernel_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """FlashAttention's forward pass: ``(out, lse)``. Where the caller computed
+    them: ``fits``, whether torch's kernel may take this masked call, and
+    ``kernel_mask``, the float mask that kernel adds (from a boolean ``mask``)."""
+    _no_derivative(q, k, v, sinks)
+    traced = Plan(causal, scale, groups, block_q, block_k, path)
+    plan = _when_run(traced, q, k, mask, fits)
+    mask = _mask_read(plan, traced, mask, kernel_mask)
+    out, lse = forward(q, k, v, mask, sinks, plan)
+    kernel = _kernel_layout(q, traced)
+    if kernel and plan is traced:
+        return out, lse  # torch's kernel: the layouts its meta function promised
+    # The layouts the fake kernel promised: the kernel's, or contiguous.
+    like = _fused.empty_outputs(q, v) if kernel else (None, None)
+    return _as_promised(out, like[0]), _as_promised(lse, like[1])
+
+
+def _no_derivative(*tensors: Tensor | None) -> None:
+    """Refuse a call that autograd would record: the operator's derivative is the
+    Function around it (torch.compile traces that), and the autograd fallback for
+    an operator without one would only warn and give no gradient."""
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in tensors
+    ):
+        raise RuntimeError(
+            "torch.ops.softmaxbook.flash_attention has no derivative of its own: "
+            "call softmaxbook.flash_attention, or FlashAttention.apply, for one"
+        )
+
+
+def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
+    qb, kb, vb = tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])
+    if groups > 1:
+        kb, vb = kb[:-1] + (kb[-1] * groups,), vb[:-1] + (vb[-1] * groups,)
+    return tuple(torch.broadcast_shapes(qb, kb, vb))
+
+
+def _mask_read(
+    plan: Plan, traced: Plan, mask: Tensor | None, kernel_mask: Tensor | None
+) -> Tensor | None:
+    """The mask a pass reads: the float one given for torch's kernel where the
+    traced plan holds (its keys all finite, -inf removes a key as well as False
+    does), the boolean one where the tile loops must remove masked keys."""
+    return kernel_mask if plan is traced and kernel_mask is not None else mask
+
+
+def _kernel_layout(q: Tensor, plan: Plan) -> bool:
+    """Whether the traced plan promises torch's kernel's layouts (else contiguous)."""
+    return plan.path == "torch-fused" and _fused.keeps_layout(q, plan.groups)
+
+
+def _forward_fake(q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+    plan = Plan(*rest[2 : 2 + len(Plan._fields)])  # after the mask and the sinks
+    if _kernel_layout(q, plan):
+        return _fused.empty_outputs(q, v)
+    batch, L = _batch(q, k, v, plan.groups), q.shape[-2]
+    out = q.new_empty(batch + (L, v.shape[-1]))
+    return out, q.new_empty(batch + (L,), dtype=acc_dtype(q.dtype))
+
+
+def _backward_op(
+    grad_out: Tensor,
+    grad_lse: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    mask: Tensor | None,
+    sinks: Tensor | None,
+    causal: str,
+    scale: float,
+    groups: int,
+    block_q: int,
+    block_k: int,
+    path: str,
+    fits: Tensor | None = None,
+    kernel_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
+    empty without sinks); ``fits`` and ``kernel_mask`` as in the forward pass."""
+    traced = Plan(causal, scale, groups, block_q, block_k, path)
+    plan = _when_run(traced, q, k, mask, fits)
+    mask = _mask_read(plan, traced, mask, kernel_mask)
+    saved = (q, k, v, out, lse)
+    if grad_lse is not None and not bool(grad_lse.any()):
+        # A compiled graph hands the operator zeros for a logsumexp the caller
+        # returned but nobody used (an eager Function gets None): without this, the
+        # backward pass would leave torch's fused kernel, which takes no logsumexp
+        # gradient, for the tile loops. Reading values is allowed here: the compiler
+        # sees only the fake kernel.
+        grad_lse = None
+    fused = plan is traced and grad_lse is None and not functorch_active()
+    dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
+    if ds is None:
+        ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)
+    kernel = _kernel_layout(q, traced)
+    if kernel and fused:  # as torch's kernel returned them
+        return dq, dk, dv, ds
+    # The layouts the fake kernel promised: the kernel's, or contiguous.
+    like = _fused.empty_grads(q, k, v) if kernel else (None, None, None)
+    dq, dk, dv = (_as_promised(g, t) for g, t in zip((dq, dk, dv), like, strict=True))
+    return dq, dk, dv, _as_promised(ds, None)
+
+
+def _backward_fake(
+    grad_out: Tensor, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+    out: Tensor, lse: Tensor, mask: Tensor | None, sinks: Tensor | None, *rest: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    # torch's kernel's layout where it runs (its meta function's), else contiguous:
+    # empty_like would promise q's strides, which the tile loops do not keep.
+    ds = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    if _kernel_layout(q, Plan(*rest[: len(Plan._fields)])):
+        dq, dk, dv = _fused.empty_grads(q, k, v)
+        return dq, dk, dv, ds
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
+
+
+for _name, _impl, _fake in (
+    ("flash_attention", _forward_op, _forward_fake),
+    ("flash_attention_backward", _backward_op, _backward_fake),
+):
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"softmaxbook::{_name}", _fake, lib=_LIB)
+
+#: ``torch.ops.softmaxbook.flash_attention``: ``(out, lse)``.
+flash_attention_op = torch.ops.softmaxbook.flash_attention.default
+#: ``torch.ops.softmaxbook.flash_attention_backward``: ``(dq, dk, dv, d_sinks)``.
+flash_attention_backward_op = torch.ops.softmaxbook.flash_attention_backward.default
+
+
+class CompiledFlashAttention(torch.autograd.Function):
+    """The autograd node torch.compile traces around the operator pair: forward
+    ``softmaxbook::flash_attention``, backward ``flash_attention_backward``.
+    ``lse_grad=False``: the caller does not return the logsumexp, so its gradient
+    (zeros in a compiled graph) is not passed on."""
+
+    @staticmethod
+    def forward(
+        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None,
+        plan: Plan, lse_grad: bool, fits: Tensor | None, kernel_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        return flash_attention_op(q, k, v, mask, sinks, *plan, fits, kernel_mask)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        q, k, v, mask, sinks, plan, lse_grad, fits, kernel_mask = inputs
+        ctx.save_for_backward(q, k, v, *output, mask, sinks, fits, kernel_mask)
+        ctx.plan, ctx.lse_grad = plan, lse_grad
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor) -> tuple:
+        q, k, v, out, lse, mask, sinks, fits, kernel_mask = ctx.saved_tensors
+        dq, dk, dv, ds = flash_attention_backward_op(
+            grad_out, grad_lse if ctx.lse_grad else None, q, k, v, out, lse, mask,
+            sinks, *ctx.plan, fits, kernel_mask,
+        )  # fmt: skip
+        d_sinks = ds if sinks is not None else None
+        return (dq, dk, dv, None, d_sinks) + (None,) * 4  # plan, lse_grad, masks
+
+
+def run(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None,
+    plan: Plan, lse_grad: bool = True,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(out, lse)``: the operator where torch.compile traces, the autograd
+    Function (whose node :data:`~softmaxbook.FlashAttention` documents)
+    elsewhere. ``lse_grad=False``: the caller does not return the logsumexp."""
+    fused_mask = mask if plan.path == "torch-fused" else None  # read by the kernel
+    kernel_mask = None
+    if fused_mask is not None and fused_mask.dtype == torch.bool:
+        # torch's kernel adds a float mask: converted once, here (as torch's own
+        # SDPA does), and saved for the backward pass as it is
+        kernel_mask = _fused.as_additive(fused_mask, q.dtype)
+    if torch.compiler.is_compiling():
+        if _traced_kernel(mask, sinks, plan, lse_grad):
+            # torch's kernel traced as itself (aten's op and its derivative), as
+            # torch's own SDPA compiles: the operator would run the same kernel,
+            # with nothing to decide when it runs (only a mask is read then) and no
+            # gradient for the logsumexp (the kernel's derivative takes none).
+            causal, gqa = bool(plan.causal), plan.groups > 1
+            return _fused.forward(q, k, v, None, causal, plan.scale, gqa)
+        # Whether torch's kernel may take a masked call reads values: computed in
+        # the graph, beside its other kernels (the mask's half once for all the
+        # layers given the same mask), so the operator, forward and backward, only
+        # reads the answer. It gets the boolean mask too: where the answer is no,
+        # the tile loops must remove a masked key (a nan there stays out), not add
+        # -inf to it.
+        fits = None if fused_mask is None else fits_fused(q, k, fused_mask)
+        return CompiledFlashAttention.apply(
+            q, k, v, mask, sinks, plan, lse_grad, fits, kernel_mask
+        )
+    # Eager, the path was chosen reading the values: the kernel's mask is the mask.
+    mask = mask if kernel_mask is None else kernel_mask
+    return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
+
+
+def _traced_kernel(
+    mask: Tensor | None, sinks: Tensor | None, plan: Plan, lse_grad: bool
+) -> bool:
+    """Whether a compiled call is handed torch's kernel itself, not the operator."""
+    plain = mask is None and sinks is None and not lse_grad
+    return plain and plan.path == "torch-fused"
