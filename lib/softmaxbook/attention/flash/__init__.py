@@ -110,8 +110,9 @@ class _FlashAttention:
     pass the operator ``torch.ops.softmaxbook.flash_attention_backward``: an
     autograd Function joins the two, and the compiler traces it. The backward
     pass is first-order; ``torch.func`` transforms (``vmap``, ``jacrev``,
-    ``grad``) work through a vmap rule that folds the vmapped dimension into
-    the batch. Rows with nothing to attend
+    ``grad``) work outside torch.compile, through a vmap rule that folds the
+    vmapped dimension into the batch (a compiled ``torch.func.grad`` of a call
+    raises an error). Rows with nothing to attend
     give zeros, forward and backward. A mask gets no gradient.
 
     Equivalent to ``torch.nn.functional.scaled_dot_product_attention(q, k, v,

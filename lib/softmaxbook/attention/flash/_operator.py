@@ -99,7 +99,6 @@ def _forward_op(
     """FlashAttention's forward pass: ``(out, lse)``. Where the caller computed
     them: ``fits``, whether torch's kernel may take this masked call, and
     ``kernel_mask``, the float mask that kernel adds (from a boolean ``mask``)."""
-    _no_derivative(q, k, v, sinks)
     traced = Plan(causal, scale, groups, block_q, block_k, path)
     plan = _when_run(traced, q, k, mask, fits)
     mask = _mask_read(plan, traced, mask, kernel_mask)
@@ -110,19 +109,6 @@ def _forward_op(
     # The layouts the fake kernel promised: the kernel's, or contiguous.
     like = _fused.empty_outputs(q, v) if kernel else (None, None)
     return _as_promised(out, like[0]), _as_promised(lse, like[1])
-
-
-def _no_derivative(*tensors: Tensor | None) -> None:
-    """Refuse a call that autograd would record: the operator's derivative is the
-    Function around it (torch.compile traces that), and the autograd fallback for
-    an operator without one would only warn and give no gradient."""
-    if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in tensors
-    ):
-        raise RuntimeError(
-            "torch.ops.softmaxbook.flash_attention has no derivative of its own: "
-            "call softmaxbook.flash_attention, or FlashAttention.apply, for one"
-        )
 
 
 def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
@@ -213,11 +199,32 @@ def _backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
+def _no_derivative(name: str) -> Any:
+    """The operator's autograd kernel: refuses a call that autograd would record
+    (its derivative is the Function around it, which torch.compile traces; the
+    autograd fallback would only warn, and ``torch.func.grad`` of a compiled call
+    would get zeros), and passes every other call on."""
+    op = getattr(torch.ops.softmaxbook, name).default
+    below = torch._C._after_autograd_keyset
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            raise RuntimeError(
+                f"torch.ops.softmaxbook.{name} has no derivative of its own: call "
+                "softmaxbook.flash_attention (under torch.compile, outside "
+                "torch.func transforms), or FlashAttention.apply, for one"
+            )
+        return op.redispatch(keyset & below, *args)
+
+    return kernel
+
+
 for _name, _impl, _fake in (
     ("flash_attention", _forward_op, _forward_fake),
     ("flash_attention_backward", _backward_op, _backward_fake),
 ):
     _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    _LIB.impl(_name, _no_derivative(_name), "Autograd", with_keyset=True)
     torch.library.register_fake(f"softmaxbook::{_name}", _fake, lib=_LIB)
 
 #: ``torch.ops.softmaxbook.flash_attention``: ``(out, lse)``.

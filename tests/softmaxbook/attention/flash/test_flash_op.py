@@ -530,3 +530,14 @@ def test_an_output_of_torchs_kernel_can_be_modified_in_place():
         out.mul_(2.0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
+
+
+def test_a_compiled_torch_func_grad_is_refused_not_zero():
+    """The operators carry no derivative of their own: torch.func.grad of a
+    compiled call would get zero gradients from autograd's fallback; it raises."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(6, 9)
+    keep = torch.ones(2, 1, 6, 9, dtype=torch.bool).tril()
+    grad = torch.func.grad(lambda q: sb.flash_attention(q, k, v, mask=keep).sum())
+    with pytest.raises(RuntimeError, match="no derivative of its own"):
+        torch.compile(grad, backend="aot_eager", fullgraph=True)(q)
