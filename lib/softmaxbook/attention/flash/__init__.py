@@ -112,8 +112,8 @@ class _FlashAttention:
     pass is first-order; ``torch.func`` transforms (``vmap``, ``jacrev``,
     ``grad``) work outside torch.compile, through a vmap rule that folds the
     vmapped dimension into the batch (a compiled ``torch.func.grad`` of a call
-    raises an error). Rows with nothing to attend
-    give zeros, forward and backward. A mask gets no gradient.
+    raises an error). Rows with nothing to attend give zeros, forward and
+    backward. A mask gets no gradient.
 
     Equivalent to ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
     attn_mask=mask, is_causal=is_causal, scale=scale)`` (with zeros for fully

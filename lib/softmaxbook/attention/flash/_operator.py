@@ -59,12 +59,14 @@ def _when_run(
 
 
 # The operators are defined with torch.library.Library, not custom_op: custom_op
-# puts an autograd kernel written in Python in front of every call, which a
-# compiled graph pays each time it runs, with or without gradients (with it, a
-# small model's compiled training step with a padding mask took about 4 % longer:
-# benchmarks/training_step.py). The derivative is the autograd Function below,
+# puts layers written in Python in front of every call (its autograd kernel, a
+# wrapper that disables dynamo, alias checks), which a compiled graph pays each time
+# it runs, with or without gradients:
+# with them, a small model's compiled training step with a padding mask took 3 to
+# 4 % longer (benchmarks/README.md). The derivative is the autograd Function below,
 # which torch.compile traces around them, as in flash-attn's interface; the
-# operators carry none of their own.
+# operators' own autograd kernel (_no_derivative) only refuses a call autograd
+# would record and passes the rest on.
 _LIB = torch.library.Library("softmaxbook", "FRAGMENT")
 _PLAN_SCHEMA = (
     "Tensor? mask, Tensor? sinks, str causal, float scale, SymInt groups, "
@@ -210,9 +212,9 @@ def _no_derivative(name: str) -> Any:
     def kernel(keyset: Any, *args: Any) -> Any:
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             raise RuntimeError(
-                f"torch.ops.softmaxbook.{name} has no derivative of its own: call "
-                "softmaxbook.flash_attention (under torch.compile, outside "
-                "torch.func transforms), or FlashAttention.apply, for one"
+                f"torch.ops.softmaxbook.{name} has no derivative of its own: "
+                "differentiate softmaxbook.flash_attention instead (eager, or "
+                "compiled outside torch.func transforms)"
             )
         return op.redispatch(keyset & below, *args)
 
