@@ -135,11 +135,25 @@ class DispatchDecision:
 _FOUND: dict = {}
 
 
+def _constant_when_compiled(fn: Callable[[], bool]) -> Callable[[], bool]:
+    """``torch.compiler.assume_constant_result(fn)``, without importing
+    ``torch._dynamo`` (and with it triton) when the library is imported: the
+    decorator only sets this flag, which torch.compile reads while it traces."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@_constant_when_compiled
 def triton_available() -> bool:
     """True when the ``triton`` package is installed (checked without importing it).
 
     Looked up once per process (every attention call asks, and a lookup searches
     the import path): a package installed later is seen after a restart.
+    torch.compile takes the answer as a constant, without guards on the lookup
+    (traced, the lookup's cache, filled by the first trace, made every compiled
+    model that calls attention compile twice), and so does it with
+    :func:`interpreter_enabled`: a compiled function keeps the answer it was
+    compiled with.
     """
     find = importlib.util.find_spec
     if find not in _FOUND:
@@ -147,6 +161,7 @@ def triton_available() -> bool:
     return _FOUND[find]
 
 
+@_constant_when_compiled
 def interpreter_enabled() -> bool:
     """True when Triton runs (or, once imported, will run) kernels in its
     interpreter."""

@@ -221,3 +221,26 @@ def test_every_entry_point_compiles_with_aot_eager():
 
 def test_every_entry_point_compiles_with_inductor():
     _compare(selected(CASES), "inductor", torch.float32)
+
+
+def test_a_compiled_call_compiles_once():
+    """Dispatch's environment lookups (is triton installed, is its interpreter on)
+    are constants to the compiler: traced, the lookup's cache, filled by the first
+    trace, failed a guard and made the model compile a second time."""
+    from softmaxbook.kernels import dispatch
+
+    flag = torch.compiler.assume_constant_result(lambda: True)
+    for lookup in (dispatch.triton_available, dispatch.interpreter_enabled):
+        assert getattr(lookup, "_dynamo_marked_constant", None) is True
+        assert getattr(flag, "_dynamo_marked_constant", None) is True  # torch's flag
+    dispatch._FOUND.clear()  # as in a fresh process
+    torch._dynamo.reset()
+    q, k, v = torch.randn(B, H, L, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    f = torch.compile(
+        lambda q: sb.flash_attention(q, k, v, mask=KEEP),
+        backend="eager",
+        fullgraph=True,
+    )
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            f(q)

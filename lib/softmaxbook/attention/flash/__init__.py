@@ -111,9 +111,10 @@ class _FlashAttention:
     autograd Function joins the two, and the compiler traces it. The backward
     pass is first-order; ``torch.func`` transforms (``vmap``, ``jacrev``,
     ``grad``) work outside torch.compile, through a vmap rule that folds the
-    vmapped dimension into the batch (a compiled ``torch.func.grad`` of a call
-    raises an error). Rows with nothing to attend give zeros, forward and
-    backward. A mask gets no gradient.
+    vmapped dimension into the batch. Inside torch.compile one ``vmap`` works;
+    ``grad``, ``jacrev``, ``jvp`` and nested transforms raise an error with
+    ``fullgraph=True`` and run eagerly without. Rows with nothing to attend give
+    zeros, forward and backward. A mask gets no gradient.
 
     Equivalent to ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
     attn_mask=mask, is_causal=is_causal, scale=scale)`` (with zeros for fully

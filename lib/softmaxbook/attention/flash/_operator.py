@@ -14,15 +14,18 @@ autograd Function :class:`~._op.FlashAttentionFunction`; both compute with
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch._C._functorch import TransformType
+from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 
 from ..._numerics import acc_dtype, functorch_active
 from . import _fused
 from ._op import FlashAttentionFunction, Plan, backward, forward
-from ._path import fits_fused, mask_fits_fused
+from ._path import mask_fits_fused, rows_keep_a_key
 
 __all__ = [
     "CompiledFlashAttention",
@@ -43,19 +46,26 @@ def _as_promised(x: Tensor, like: Tensor | None) -> Tensor:
 
 
 def _when_run(
-    plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None, fits: Tensor | None
+    plan: Plan, q: Tensor, k: Tensor, mask: Tensor | None, fused: Tensor | None
 ) -> Plan:
-    """The plan as the operator runs it. A path chosen while torch.compile traced
-    could not read the mask: torch's fused kernel stays only where every row keeps
-    a key and q, k are finite (as an eager call checks first), else the tile loops.
-    ``fits`` is that answer where the compiled graph computed it (``fits_fused``),
-    else it is computed here. Reading values is allowed here: the compiler sees the
-    fake kernel, not this."""
+    """The plan of the backward pass as the operator runs it: the forward pass's
+    path (``fused``: whether torch's kernel computed it), or where that is not
+    given, the eager rule: torch's kernel only where every row keeps a key and q, k
+    are finite, else the tile loops. Reading values is allowed here: the compiler
+    sees the fake kernel, not this."""
     if plan.path != "torch-fused" or mask is None:
         return plan
-    if mask_fits_fused(q, k, mask) if fits is None else bool(fits):
+    if mask_fits_fused(q, k, mask) if fused is None else bool(fused):
         return plan
     return plan._replace(path="tiles")
+
+
+def _finite(lse: Tensor) -> bool:
+    """Whether every row's logsumexp is finite: a nan or infinity in q or k that
+    reached a score of torch's kernel (a nan at a masked key included, as the kernel
+    adds -inf to it) makes its row's logsumexp nan or infinite. A sum that
+    overflows only sends the call to the tile loops, which is always correct."""
+    return math.isfinite(lse.sum())
 
 
 # The operators are defined with torch.library.Library, not custom_op: custom_op
@@ -65,21 +75,22 @@ def _when_run(
 # with them, a small model's compiled training step with a padding mask took 3 to
 # 4 % longer (benchmarks/README.md). The derivative is the autograd Function below,
 # which torch.compile traces around them, as in flash-attn's interface; the
-# operators' own autograd kernel (_no_derivative) only refuses a call autograd
-# would record and passes the rest on.
+# operators themselves refuse a call autograd would record (_refuse_recorded), and
+# autograd passes through them in C++ (a fallthrough: a refusing autograd kernel
+# written in Python cost the same step another 1 %).
 _LIB = torch.library.Library("softmaxbook", "FRAGMENT")
 _PLAN_SCHEMA = (
     "Tensor? mask, Tensor? sinks, str causal, float scale, SymInt groups, "
-    "SymInt block_q, SymInt block_k, str path, Tensor? fits=None, "
-    "Tensor? kernel_mask=None"
+    "SymInt block_q, SymInt block_k, str path"
 )
 _LIB.define(
-    f"flash_attention(Tensor q, Tensor k, Tensor v, {_PLAN_SCHEMA}) -> (Tensor, Tensor)"
+    f"flash_attention(Tensor q, Tensor k, Tensor v, {_PLAN_SCHEMA}, "
+    "Tensor? keeps=None, Tensor? kernel_mask=None) -> (Tensor, Tensor, Tensor)"
 )
 _LIB.define(
     "flash_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
-    f"Tensor v, Tensor out, Tensor lse, {_PLAN_SCHEMA}) -> (Tensor, Tensor, Tensor, "
-    "Tensor)"
+    f"Tensor v, Tensor out, Tensor lse, {_PLAN_SCHEMA}, Tensor? fused=None, "
+    "Tensor? kernel_mask=None) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -95,22 +106,37 @@ def _forward_op(
     block_q: int,
     block_k: int,
     path: str,
-    fits: Tensor | None = None,
+    keeps: Tensor | None = None,
     kernel_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """FlashAttention's forward pass: ``(out, lse)``. Where the caller computed
-    them: ``fits``, whether torch's kernel may take this masked call, and
-    ``kernel_mask``, the float mask that kernel adds (from a boolean ``mask``)."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FlashAttention's forward pass: ``(out, lse, fused)``, ``fused`` a 0-dim
+    boolean, whether torch's kernel computed the call (the backward pass takes the
+    same path). Where the caller computed them: ``keeps``, whether every row of
+    ``mask`` keeps a key (``rows_keep_a_key``), and ``kernel_mask``, the float mask
+    that kernel adds (from a boolean ``mask``)."""
+    _refuse_recorded("flash_attention", q, k, v, sinks)
     traced = Plan(causal, scale, groups, block_q, block_k, path)
-    plan = _when_run(traced, q, k, mask, fits)
-    mask = _mask_read(plan, traced, mask, kernel_mask)
-    out, lse = forward(q, k, v, mask, sinks, plan)
+    # A path chosen while torch.compile traced could not read the values: torch's
+    # kernel takes a masked call only where every row keeps a key (read here: the
+    # compiler sees the fake kernel, not this) and q, k are finite (read from the
+    # kernel's logsumexp), as an eager call checks first; else the tile loops.
+    check = mask is not None and path == "torch-fused"
+    plan = traced
+    if check and not bool(rows_keep_a_key(mask) if keeps is None else keeps):
+        plan = traced._replace(path="tiles")
+    out, lse = forward(
+        q, k, v, _mask_read(plan, traced, mask, kernel_mask), sinks, plan
+    )
+    if check and plan is traced and not _finite(lse):
+        plan = traced._replace(path="tiles")
+        out, lse = forward(q, k, v, mask, sinks, plan)
+    fused = q.new_full((), plan.path == "torch-fused", dtype=torch.bool)
     kernel = _kernel_layout(q, traced)
     if kernel and plan is traced:
-        return out, lse  # torch's kernel: the layouts its meta function promised
+        return out, lse, fused  # torch's kernel: the layouts its meta function states
     # The layouts the fake kernel promised: the kernel's, or contiguous.
     like = _fused.empty_outputs(q, v) if kernel else (None, None)
-    return _as_promised(out, like[0]), _as_promised(lse, like[1])
+    return _as_promised(out, like[0]), _as_promised(lse, like[1]), fused
 
 
 def _batch(q: Tensor, k: Tensor, v: Tensor, groups: int) -> tuple[int, ...]:
@@ -134,13 +160,16 @@ def _kernel_layout(q: Tensor, plan: Plan) -> bool:
     return plan.path == "torch-fused" and _fused.keeps_layout(q, plan.groups)
 
 
-def _forward_fake(q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+def _forward_fake(
+    q: Tensor, k: Tensor, v: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor, Tensor]:
     plan = Plan(*rest[2 : 2 + len(Plan._fields)])  # after the mask and the sinks
+    fused = q.new_empty((), dtype=torch.bool)
     if _kernel_layout(q, plan):
-        return _fused.empty_outputs(q, v)
+        return (*_fused.empty_outputs(q, v), fused)
     batch, L = _batch(q, k, v, plan.groups), q.shape[-2]
     out = q.new_empty(batch + (L, v.shape[-1]))
-    return out, q.new_empty(batch + (L,), dtype=acc_dtype(q.dtype))
+    return out, q.new_empty(batch + (L,), dtype=acc_dtype(q.dtype)), fused
 
 
 def _backward_op(
@@ -159,13 +188,16 @@ def _backward_op(
     block_q: int,
     block_k: int,
     path: str,
-    fits: Tensor | None = None,
+    fused: Tensor | None = None,
     kernel_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashAttention's backward pass: ``(dq, dk, dv, d_sinks)`` (``d_sinks``
-    empty without sinks); ``fits`` and ``kernel_mask`` as in the forward pass."""
+    empty without sinks). ``fused``: the forward pass's answer, whether torch's
+    kernel computed it (else the eager rule is read, see ``_when_run``);
+    ``kernel_mask`` as in the forward pass."""
+    _refuse_recorded("flash_attention_backward", grad_out, grad_lse, q, k, v, sinks)
     traced = Plan(causal, scale, groups, block_q, block_k, path)
-    plan = _when_run(traced, q, k, mask, fits)
+    plan = _when_run(traced, q, k, mask, fused)
     mask = _mask_read(plan, traced, mask, kernel_mask)
     saved = (q, k, v, out, lse)
     if grad_lse is not None and not bool(grad_lse.any()):
@@ -175,12 +207,12 @@ def _backward_op(
         # gradient, for the tile loops. Reading values is allowed here: the compiler
         # sees only the fake kernel.
         grad_lse = None
-    fused = plan is traced and grad_lse is None and not functorch_active()
+    as_kernel = plan is traced and grad_lse is None and not functorch_active()
     dq, dk, dv, ds = backward(grad_out, grad_lse, saved, mask, sinks, plan, True)
     if ds is None:
-        ds = q.new_zeros(0) if sinks is None else torch.zeros_like(sinks)
+        ds = q.new_empty(0) if sinks is None else torch.zeros_like(sinks)
     kernel = _kernel_layout(q, traced)
-    if kernel and fused:  # as torch's kernel returned them
+    if kernel and as_kernel:  # as torch's kernel returned them
         return dq, dk, dv, ds
     # The layouts the fake kernel promised: the kernel's, or contiguous.
     like = _fused.empty_grads(q, k, v) if kernel else (None, None, None)
@@ -201,24 +233,17 @@ def _backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
-def _no_derivative(name: str) -> Any:
-    """The operator's autograd kernel: refuses a call that autograd would record
-    (its derivative is the Function around it, which torch.compile traces; the
-    autograd fallback would only warn, and ``torch.func.grad`` of a compiled call
-    would get zeros), and passes every other call on."""
-    op = getattr(torch.ops.softmaxbook, name).default
-    below = torch._C._after_autograd_keyset
-
-    def kernel(keyset: Any, *args: Any) -> Any:
-        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-            raise RuntimeError(
-                f"torch.ops.softmaxbook.{name} has no derivative of its own: "
-                "differentiate softmaxbook.flash_attention instead (eager, or "
-                "compiled outside torch.func transforms)"
-            )
-        return op.redispatch(keyset & below, *args)
-
-    return kernel
+def _refuse_recorded(name: str, *tensors: Tensor | None) -> None:
+    """Refuse a call that autograd would record: the operators' derivative is the
+    Function around them, which torch.compile traces (autograd passes straight
+    through them: without this, a direct call, or ``torch.func.grad`` of a compiled
+    one, would get no gradient or zeros)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+        raise RuntimeError(
+            f"torch.ops.softmaxbook.{name} has no derivative of its own: "
+            "differentiate softmaxbook.flash_attention instead (eager, or "
+            "compiled outside torch.func transforms)"
+        )
 
 
 for _name, _impl, _fake in (
@@ -226,7 +251,9 @@ for _name, _impl, _fake in (
     ("flash_attention_backward", _backward_op, _backward_fake),
 ):
     _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
-    _LIB.impl(_name, _no_derivative(_name), "Autograd", with_keyset=True)
+    # Autograd passes through to the kernel (in C++, at no cost), which refuses a
+    # call autograd would record (_refuse_recorded).
+    _LIB.impl(_name, torch.library.fallthrough_kernel, "Autograd")
     torch.library.register_fake(f"softmaxbook::{_name}", _fake, lib=_LIB)
 
 #: ``torch.ops.softmaxbook.flash_attention``: ``(out, lse)``.
@@ -237,29 +264,30 @@ flash_attention_backward_op = torch.ops.softmaxbook.flash_attention_backward.def
 
 class CompiledFlashAttention(torch.autograd.Function):
     """The autograd node torch.compile traces around the operator pair: forward
-    ``softmaxbook::flash_attention``, backward ``flash_attention_backward``.
-    ``lse_grad=False``: the caller does not return the logsumexp, so its gradient
-    (zeros in a compiled graph) is not passed on."""
+    ``softmaxbook::flash_attention``, backward ``flash_attention_backward``, which
+    takes the forward pass's path. ``lse_grad=False``: the caller does not return
+    the logsumexp, so its gradient (zeros in a compiled graph) is not passed on."""
 
     @staticmethod
     def forward(
         q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None,
-        plan: Plan, lse_grad: bool, fits: Tensor | None, kernel_mask: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:  # fmt: skip
-        return flash_attention_op(q, k, v, mask, sinks, *plan, fits, kernel_mask)
+        plan: Plan, lse_grad: bool, keeps: Tensor | None, kernel_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        return flash_attention_op(q, k, v, mask, sinks, *plan, keeps, kernel_mask)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        q, k, v, mask, sinks, plan, lse_grad, fits, kernel_mask = inputs
-        ctx.save_for_backward(q, k, v, *output, mask, sinks, fits, kernel_mask)
+        q, k, v, mask, sinks, plan, lse_grad, _, kernel_mask = inputs
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(q, k, v, *output, mask, sinks, kernel_mask)
         ctx.plan, ctx.lse_grad = plan, lse_grad
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor) -> tuple:
-        q, k, v, out, lse, mask, sinks, fits, kernel_mask = ctx.saved_tensors
+    def backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, _: Any) -> tuple:
+        q, k, v, out, lse, fused, mask, sinks, kernel_mask = ctx.saved_tensors
         dq, dk, dv, ds = flash_attention_backward_op(
             grad_out, grad_lse if ctx.lse_grad else None, q, k, v, out, lse, mask,
-            sinks, *ctx.plan, fits, kernel_mask,
+            sinks, *ctx.plan, fused, kernel_mask,
         )  # fmt: skip
         d_sinks = ds if sinks is not None else None
         return (dq, dk, dv, None, d_sinks) + (None,) * 4  # plan, lse_grad, masks
@@ -279,6 +307,7 @@ def run(
         # SDPA does), and saved for the backward pass as it is
         kernel_mask = _fused.as_additive(fused_mask, q.dtype)
     if torch.compiler.is_compiling():
+        _refuse_transform()
         if _traced_kernel(mask, sinks, plan, lse_grad):
             # torch's kernel traced as itself (aten's op and its derivative), as
             # torch's own SDPA compiles: the operator would run the same kernel,
@@ -286,19 +315,41 @@ def run(
             # gradient for the logsumexp (the kernel's derivative takes none).
             causal, gqa = bool(plan.causal), plan.groups > 1
             return _fused.forward(q, k, v, None, causal, plan.scale, gqa)
-        # Whether torch's kernel may take a masked call reads values: computed in
-        # the graph, beside its other kernels (the mask's half once for all the
-        # layers given the same mask), so the operator, forward and backward, only
-        # reads the answer. It gets the boolean mask too: where the answer is no,
-        # the tile loops must remove a masked key (a nan there stays out), not add
-        # -inf to it.
-        fits = None if fused_mask is None else fits_fused(q, k, fused_mask)
-        return CompiledFlashAttention.apply(
-            q, k, v, mask, sinks, plan, lse_grad, fits, kernel_mask
+        # Whether every row keeps a key reads the mask: computed in the graph,
+        # beside its other kernels (an eager reduction in the operator would cost
+        # more than the kernel's call), once for all the layers given the mask, on
+        # the float mask (inductor's any() over a boolean row took ten times as
+        # long as this max). The operator gets the boolean mask too: where it leaves
+        # torch's kernel when it runs (a row with nothing to attend, a non-finite q
+        # or k), the tile loops must remove a masked key (a nan there stays out),
+        # not add -inf to it.
+        keeps = None
+        if fused_mask is not None:
+            keeps = rows_keep_a_key(fused_mask if kernel_mask is None else kernel_mask)
+        out, lse, _ = CompiledFlashAttention.apply(
+            q, k, v, mask, sinks, plan, lse_grad, keeps, kernel_mask
         )
+        return out, lse
     # Eager, the path was chosen reading the values: the kernel's mask is the mask.
     mask = mask if kernel_mask is None else kernel_mask
     return FlashAttentionFunction.apply(q, k, v, mask, sinks, plan)
+
+
+def _refuse_transform() -> None:
+    """Refuse, while torch.compile traces, every ``torch.func`` transform but one
+    ``vmap``: autograd passes through the operators (``_refuse_recorded``), so
+    under ``grad``, ``jacrev`` or ``jvp`` a compiled call would get no derivative
+    and give zeros or wrong ones. Without ``fullgraph`` torch.compile runs the
+    call eagerly instead, where the autograd Function supports the transforms."""
+    if not functorch_active():
+        return
+    top = retrieve_current_functorch_interpreter()
+    if top.key() != TransformType.Vmap or top.level() != 1:
+        raise RuntimeError(
+            "softmaxbook.flash_attention under torch.compile takes no torch.func "
+            "transform but a single vmap: apply grad, jacrev, jvp and nested "
+            "transforms outside torch.compile (or compile without fullgraph)"
+        )
 
 
 def _traced_kernel(

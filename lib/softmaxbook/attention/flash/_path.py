@@ -17,23 +17,26 @@ from .._args import AttentionArgs, resolve_attention
 from . import _fused
 from ._layout import block_sizes
 
-__all__ = ["decide", "explain", "fits_fused", "mask_fits_fused"]
+__all__ = ["decide", "explain", "fits_fused", "mask_fits_fused", "rows_keep_a_key"]
+
+
+def rows_keep_a_key(mask: Tensor) -> Tensor:
+    """Whether every row of ``mask`` (boolean, or additive with ``-inf`` for masked
+    keys) keeps a key, as a 0-dim boolean tensor: one pass, no mask-sized
+    temporary (a row keeps a key when its largest additive entry is above -inf)."""
+    if mask.dtype == torch.bool:
+        return mask.any(dim=-1).all()
+    return (mask.amax(dim=-1) > float("-inf")).all()
 
 
 def fits_fused(q: Tensor, k: Tensor, mask: Tensor) -> Tensor:
     """The two conditions of the torch-fused path that read values, as a 0-dim
-    boolean tensor: every row of ``mask`` (boolean, or additive with ``-inf`` for
-    masked keys) keeps a key, and q and k are finite (torch's kernel adds the mask
-    to the scores, so a nan at a masked key would reach the row). A compiled graph
-    computes it with its other kernels, and the operator reads the one value."""
-    # One pass each, no mask-sized temporaries: a row keeps a key when its largest
-    # additive entry is above -inf, and a finite sum means finite entries (a sum that
-    # overflows only sends the call to the tile loops, which is always correct).
-    if mask.dtype == torch.bool:
-        rows_keep = mask.any(dim=-1)
-    else:
-        rows_keep = mask.amax(dim=-1) > float("-inf")
-    return rows_keep.all() & torch.isfinite(q.sum() + k.sum())
+    boolean tensor: every row of ``mask`` keeps a key, and q and k are finite
+    (torch's kernel adds the mask to the scores, so a nan at a masked key would
+    reach the row)."""
+    # A finite sum means finite entries (a sum that overflows only sends the call to
+    # the tile loops, which is always correct).
+    return rows_keep_a_key(mask) & torch.isfinite(q.sum() + k.sum())
 
 
 def mask_fits_fused(q: Tensor, k: Tensor, mask: Tensor) -> bool:

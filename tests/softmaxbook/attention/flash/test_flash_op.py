@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 import softmaxbook as sb
 from random_inputs import qkv as _qkv
@@ -406,10 +407,13 @@ def test_the_fake_kernels_promise_the_real_layouts(path, layout):
     torch.library.opcheck(
         flash_attention_op, (q, k, v, mask, None, *plan), test_utils=checks
     )
-    out, lse = flash_attention_op(q, k, v, mask, None, *plan)
+    out, lse, fused = flash_attention_op(q, k, v, mask, None, *plan)
+    assert bool(fused) is (path == "torch-fused" and layout != "empty row")
     grad_out = torch.randn(out.shape, generator=g).transpose(1, 2).contiguous()
     grad_out = grad_out.transpose(1, 2)  # another layout, as autograd may pass it
     args = (grad_out.mT.contiguous().mT, None, q, k, v, out, lse, mask, None, *plan)
+    torch.library.opcheck(flash_attention_backward_op, args, test_utils=checks)
+    args = (*args, fused)  # the forward pass's path, as a compiled graph passes it
     torch.library.opcheck(flash_attention_backward_op, args, test_utils=checks)
     lse_grad = torch.randn(lse.shape, generator=g)  # the tile loops' backward
     args = (grad_out, lse_grad, q, k, v, out, lse, mask, None, *plan)
@@ -428,7 +432,7 @@ def test_a_zero_logsumexp_gradient_keeps_torchs_fused_backward(monkeypatch):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in "qkv")
     plan = ("top_left", 0.5, 1, 4, 4, "torch-fused")
-    out, lse = _op.flash_attention_op(q, k, v, None, None, *plan)
+    out, lse, _ = _op.flash_attention_op(q, k, v, None, None, *plan)
     grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
     saved = (q, k, v, out, lse)
     zeros = torch.zeros_like(lse)
@@ -446,7 +450,8 @@ def test_the_operator_reads_the_mask_a_traced_call_could_not():
     """Under torch.compile the path is chosen without reading the mask; the operator
     reads it when it runs: torch's fused kernel for masks whose rows all keep a key
     (as an eager call), the tile loops for a row with nothing to attend (zeros,
-    forward and backward, where the fused kernel gives nan)."""
+    forward and backward, where the fused kernel need not give them); it returns
+    which it took, and the backward operator takes the same path."""
     from softmaxbook.attention.flash import _operator as _op
 
     g = torch.Generator().manual_seed(0)
@@ -454,19 +459,80 @@ def test_the_operator_reads_the_mask_a_traced_call_could_not():
     keep = torch.rand(2, 1, 6, 6, generator=g) > 0.3
     keep[..., 0] = True
     plan = ("", 0.5, 1, 4, 4, "torch-fused")
-    out, lse = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    out, lse, fused = _op.flash_attention_op(q, k, v, keep, None, *plan)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.5)
     torch.testing.assert_close(out, want)
+    assert bool(fused)
     keep[1, 0, 2] = False  # row 2 of batch 1 attends to nothing
-    out, lse = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    out, lse, fused = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    assert not bool(fused)
     assert torch.isfinite(out).all() and (out[1, :, 2] == 0).all()
     assert torch.isneginf(lse[1, :, 2]).all()
     grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    for answer in (fused, None):  # the forward pass's, or read again
+        grads = _op.flash_attention_backward_op(
+            grad_out, None, q, k, v, out, lse, keep, None, *plan, answer
+        )
+        assert all(torch.isfinite(d).all() for d in grads[:3])
+        assert (grads[0][1, :, 2] == 0).all()
+
+
+@pytest.mark.parametrize("where", ["q", "k at a masked key"])
+def test_a_nan_reaching_torchs_kernel_sends_the_call_to_the_tile_loops(where):
+    """A nan in q, or in k at a key the mask removes, reaches a score of torch's
+    kernel (which adds -inf to a masked score): the operator reads it from the
+    kernel's logsumexp and takes the tile loops, as an eager call does, and so does
+    the backward operator; the results are the eager call's."""
+    from softmaxbook.attention.flash import _operator as _op
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in "qkv")
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    if where == "q":
+        q[1, 2, 4, 0] = float("nan")
+    else:
+        k[0, 1, 5, 2] = float("nan")  # key 5: kept only by the last row
+        keep[0, :, 5, 5] = False
+    plan = ("", 0.5, 1, 4, 4, "torch-fused")
+    out, lse, fused = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    assert not bool(fused)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = sb.flash_attention(*leaves, mask=keep, scale=0.5)
+    torch.testing.assert_close(out, want.detach(), equal_nan=True)
+    if where != "q":
+        assert torch.isfinite(out).all()
+    grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
     grads = _op.flash_attention_backward_op(
-        grad_out, None, q, k, v, out, lse, keep, None, *plan
+        grad_out, None, q, k, v, out, lse, keep, None, *plan, fused
     )
-    assert all(torch.isfinite(d).all() for d in grads[:3])
-    assert (grads[0][1, :, 2] == 0).all()
+    want = torch.autograd.grad(want, leaves, grad_out)
+    torch.testing.assert_close(grads[:3], want, equal_nan=True)
+
+
+def test_the_backward_operator_takes_the_forward_passs_path(monkeypatch):
+    """The backward operator takes the path the forward pass answered (``fused``),
+    without reading the values again; without the answer it reads them."""
+    from softmaxbook.attention.flash import _operator as _op
+
+    calls = []
+    fused_backward = _op._fused.backward
+    monkeypatch.setattr(
+        _op._fused, "backward", lambda *a: calls.append(1) or fused_backward(*a)
+    )
+    q, k, v = (x.double() for x in _qkv(6, 6))
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    plan = ("", 0.5, 1, 4, 4, "torch-fused")
+    out, lse, fused = _op.flash_attention_op(q, k, v, keep, None, *plan)
+    grad_out = torch.randn_like(out)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    attention = F.scaled_dot_product_attention(*leaves, attn_mask=keep, scale=0.5)
+    want = torch.autograd.grad(attention, leaves, grad_out)
+    saved = (q, k, v, out, lse, keep, None)
+    for answer, kernel in ((fused, 1), (torch.tensor(False), 0), (None, 1)):
+        calls.clear()
+        grads = _op.flash_attention_backward_op(grad_out, None, *saved, *plan, answer)
+        assert len(calls) == kernel
+        torch.testing.assert_close(grads[:3], want)
 
 
 def test_the_operators_refuse_a_call_autograd_would_record():
@@ -482,7 +548,7 @@ def test_the_operators_refuse_a_call_autograd_would_record():
     with pytest.raises(RuntimeError, match="no derivative of its own"):
         _op.flash_attention_op(q, k, v, None, None, *plan)
     with torch.no_grad():
-        out, _ = _op.flash_attention_op(q, k, v, None, None, *plan)
+        out, *_ = _op.flash_attention_op(q, k, v, None, None, *plan)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.5))
 
 
@@ -532,12 +598,49 @@ def test_an_output_of_torchs_kernel_can_be_modified_in_place():
             out.sum().backward()
 
 
-def test_a_compiled_torch_func_grad_is_refused_not_zero():
-    """The operators carry no derivative of their own: torch.func.grad of a
-    compiled call would get zero gradients from autograd's fallback; it raises."""
-    torch._dynamo.reset()
+def _transforms(k: Tensor, v: Tensor, keep: Tensor) -> dict:
+    def attend(q: Tensor) -> Tensor:
+        return sb.flash_attention(q, k, v, mask=keep)
+
+    def per_sample(q: Tensor) -> Tensor:
+        return torch.func.vmap(lambda x: sb.flash_attention(x, k[0], v[0]))(q)
+
+    return {
+        "grad": torch.func.grad(lambda q: attend(q).sum()),
+        "jacrev": torch.func.jacrev(attend),
+        "grad of vmap": torch.func.grad(lambda q: per_sample(q).sum()),
+        "vmap of grad": torch.func.vmap(
+            torch.func.grad(lambda x: sb.flash_attention(x, k[0], v[0]).sum())
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "transform", ["grad", "jacrev", "grad of vmap", "vmap of grad"]
+)
+def test_a_compiled_torch_func_derivative_is_refused_not_zero(transform):
+    """Autograd passes through the operators: under a torch.func derivative, a
+    compiled call would get zero or wrong gradients. With ``fullgraph=True`` it is
+    refused while torch.compile traces; without, torch.compile runs it eagerly,
+    where the autograd Function gives the transform's true result."""
     q, k, v = _qkv(6, 9)
     keep = torch.ones(2, 1, 6, 9, dtype=torch.bool).tril()
-    grad = torch.func.grad(lambda q: sb.flash_attention(q, k, v, mask=keep).sum())
-    with pytest.raises(RuntimeError, match="no derivative of its own"):
-        torch.compile(grad, backend="aot_eager", fullgraph=True)(q)
+    f = _transforms(k, v, keep)[transform]
+    torch._dynamo.reset()
+    with pytest.raises(
+        RuntimeError, match=r"no torch\.func transform but a single vmap"
+    ):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(q)
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager")(q)
+    torch.testing.assert_close(got, f(q))
+    assert got.abs().sum() > 0
+
+
+def test_a_compiled_vmap_of_a_call_matches_eager():
+    """One ``vmap`` needs no derivative: compiled, it gives the eager result."""
+    q, k, v = _qkv(6, 9)
+    f = torch.func.vmap(lambda x: sb.flash_attention(x, k[0], v[0], is_causal=True))
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(q)
+    torch.testing.assert_close(got, f(q))
