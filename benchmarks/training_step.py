@@ -18,9 +18,12 @@ is padding, combined with the causal mask as one boolean ``(B, 1, T, T)`` mask),
 compared with ``torch+pad``. The steps of all six take turns (the order rotating
 from one step to the next), so that a change in the machine's load hits them
 alike; the table shows the median time per step (the first step, which pays for
-allocations, is not counted) and its ratio to torch's with the same mask. Before
-the table is trusted, the loss trajectories are compared: every step's loss must
-agree with torch's to ``--loss-tol``.
+allocations, is not counted) and the ratio to torch's with the same mask: the
+median, over the rounds, of each round's step time over torch's in the same
+round (paired, so that a slow stretch of the machine cancels), with a 95 %
+interval for that median (order statistics: it needs no assumption on the
+distribution). Before the table is trusted, the loss trajectories are compared:
+every step's loss must agree with torch's to ``--loss-tol``.
 
     python benchmarks/training_step.py                   # T = 64, 256, 1024
     python benchmarks/training_step.py --lengths 64 --steps 30
@@ -31,8 +34,11 @@ Compiled models: ``--compile inductor`` (or ``aot_eager``) wraps every model in
 ``torch.compile(model, fullgraph=True, backend=...)`` (the optimizer stays
 eager), so each attention's compiled training step is compared with torch's
 compiled SDPA in the same process, taking turns as above; the compilation
-(the first ``--warmup`` steps, 2 by default) is not timed. Issue 30's target: every
-library attention within 1.05x of torch's compiled step.
+(the first ``--warmup`` steps, 2 by default) is not timed, and the default steps
+are more (a compiled step is short, and the target's margin is a few percent).
+Issue 30's target: every library attention within 1.05x of torch's compiled step;
+a row says ``met`` when the whole interval is at or below 1.05, ``missed`` when it
+is above, ``unclear`` when it holds 1.05 (run more ``--steps``).
 
     python benchmarks/training_step.py --compile inductor --lengths 64 256
 """
@@ -58,6 +64,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB, N_LAYER, N_HEAD, N_EMBD, BATCH = 65, 2, 4, 64, 8
 #: Steps per sequence length (the first is a warm-up and not timed).
 DEFAULT_STEPS = {64: 30, 256: 16, 1024: 8}
+#: Steps per sequence length with ``--compile`` (the first two compile).
+COMPILED_STEPS = {64: 200, 256: 60, 1024: 12}
+TARGET = 1.05  # issue 30: a compiled step within 1.05x of torch's
 
 
 def _torch(q, k, v, mask):
@@ -188,17 +197,40 @@ def run_length(
     return {
         name: {
             "step_s": statistics.median(r["times"][warmup:]),
+            "times": r["times"][warmup:],
             "losses": r["losses"],
         }
         for name, r in runs.items()
     }
 
 
+def paired_ratio(times: list[float], ref: list[float]) -> tuple[float, float, float]:
+    """``(median, low, high)`` of the per-round ratios ``times[i] / ref[i]``:
+    the median and a 95 % interval for it from order statistics (the ranks
+    ``n/2 -+ 1.96 sqrt(n)/2`` of the sorted ratios; at least 6 rounds)."""
+    ratios = sorted(a / b for a, b in zip(times, ref, strict=True))
+    n = len(ratios)
+    half = 1.96 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half))
+    high = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return statistics.median(ratios), ratios[low], ratios[high]
+
+
+def verdict(low: float, high: float) -> str:
+    """``met``, ``missed`` or ``unclear`` for the compiled target."""
+    if high <= TARGET:
+        return "met"
+    return "missed" if low > TARGET else "unclear"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument(
-        "--steps", type=int, default=None, help="steps per length (default: 30, 16, 8)"
+        "--steps",
+        type=int,
+        default=None,
+        help="steps per length (default: 30, 16, 8; compiled: 200, 60, 12)",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--loss-tol", type=float, default=1e-4)
@@ -247,20 +279,23 @@ def main() -> None:
             f"; the first {warmup} steps (compilation) untimed; "
             "target: x torch <= 1.05"
         )
+    target = f" {'target':>8}" if args.compile else ""
     print(
         f"{'T':>5} {'attention':<13} {'steps':>5} {'ms/step':>9} {'x torch':>8} "
-        f"{'max |loss - torch|':>19}"
+        f"{'95% interval':>14} {'max |loss - torch|':>19}{target}"
     )
     rows = []
     for length in args.lengths:
-        steps = args.steps or DEFAULT_STEPS.get(length, 8)
-        if steps <= warmup:
-            raise SystemExit(f"--steps must exceed the {warmup} untimed steps")
+        table = COMPILED_STEPS if args.compile else DEFAULT_STEPS
+        steps = args.steps or table.get(length, 8)
+        if steps < warmup + 6:
+            raise SystemExit(f"--steps must exceed the {warmup} untimed steps by 6")
         result = run_length(length, steps, list(args.variants), args.compile, warmup)
         for name, r in result.items():
             ref = result["torch+pad" if name.endswith("+pad") else "torch"]
             diff = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
-            ratio = r["step_s"] / ref["step_s"]
+            ratio, low, high = paired_ratio(r["times"], ref["times"])
+            met = verdict(low, high) if args.compile else None
             rows.append(
                 {
                     "length": length,
@@ -268,14 +303,18 @@ def main() -> None:
                     "steps": steps,
                     "step_s": r["step_s"],
                     "ratio_to_torch": ratio,
+                    "ratio_ci95": [low, high],
                     "max_loss_diff": diff,
                     "final_loss": r["losses"][-1],
                     "compile": args.compile,
+                    "target": met,
                 }
             )
+            interval = f"{low:.3f}-{high:.3f}"
             print(
                 f"{length:>5} {name:<13} {steps:>5} {r['step_s'] * 1e3:>9.2f} "
-                f"{ratio:>8.3f} {diff:>19.2e}",
+                f"{ratio:>8.3f} {interval:>14} {diff:>19.2e}"
+                + (f" {met:>8}" if met else ""),
                 flush=True,
             )
             if not math.isfinite(diff) or diff > args.loss_tol:
