@@ -22,8 +22,10 @@ allocations, is not counted) and the ratio to torch's with the same mask: the
 median, over the rounds, of each round's step time over torch's in the same
 round (paired, so that a slow stretch of the machine cancels), with a 95 %
 interval for that median (order statistics: it needs no assumption on the
-distribution). Before the table is trusted, the loss trajectories are compared:
-every step's loss must agree with torch's to ``--loss-tol``.
+distribution, but takes the rounds as independent, which a machine's slow
+stretches make them only roughly). Before the table is trusted, the loss
+trajectories are compared: every step's loss must agree with torch's to
+``--loss-tol``.
 
     python benchmarks/training_step.py                   # T = 64, 256, 1024
     python benchmarks/training_step.py --lengths 64 --steps 30
@@ -205,15 +207,17 @@ def run_length(
 
 
 def paired_ratio(times: list[float], ref: list[float]) -> tuple[float, float, float]:
-    """``(median, low, high)`` of the per-round ratios ``times[i] / ref[i]``:
-    the median and a 95 % interval for it from order statistics (the ranks
-    ``n/2 -+ 1.96 sqrt(n)/2`` of the sorted ratios; at least 6 rounds)."""
+    """``(median, low, high)`` of the per-round ratios ``times[i] / ref[i]``: the
+    median and a 95 % interval for it from order statistics, the ``r``-th smallest
+    and largest ratio, ``r`` the largest rank with ``P(Binomial(n, 1/2) <= r - 1)
+    <= 0.025`` (the whole range where ``n`` is too small for one)."""
     ratios = sorted(a / b for a, b in zip(times, ref, strict=True))
-    n = len(ratios)
-    half = 1.96 * math.sqrt(n) / 2
-    low = max(0, math.floor(n / 2 - half))
-    high = min(n - 1, math.ceil(n / 2 + half) - 1)
-    return statistics.median(ratios), ratios[low], ratios[high]
+    n, r, tail = len(ratios), 0, 0.0
+    while tail + math.comb(n, r) / 2**n <= 0.025:
+        tail += math.comb(n, r) / 2**n
+        r += 1
+    low, high = (ratios[r - 1], ratios[n - r]) if r else (ratios[0], ratios[-1])
+    return statistics.median(ratios), low, high
 
 
 def verdict(low: float, high: float) -> str:

@@ -111,10 +111,11 @@ class _FlashAttention:
     autograd Function joins the two, and the compiler traces it. The backward
     pass is first-order; ``torch.func`` transforms (``vmap``, ``jacrev``,
     ``grad``) work outside torch.compile, through a vmap rule that folds the
-    vmapped dimension into the batch. Inside torch.compile one ``vmap`` works;
-    ``grad``, ``jacrev``, ``jvp`` and nested transforms raise an error with
-    ``fullgraph=True`` and run eagerly without. Rows with nothing to attend give
-    zeros, forward and backward. A mask gets no gradient.
+    vmapped dimension into the batch; forward-mode transforms (``jvp``,
+    ``jacfwd``) are not supported. Inside torch.compile one ``vmap`` works
+    without gradients through it; ``grad``, ``jacrev`` and nested transforms raise
+    an error with ``fullgraph=True`` and run eagerly without. Rows with nothing to
+    attend give zeros, forward and backward. A mask gets no gradient.
 
     Equivalent to ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
     attn_mask=mask, is_causal=is_causal, scale=scale)`` (with zeros for fully

@@ -61,10 +61,11 @@ def _when_run(
 
 
 def _finite(lse: Tensor) -> bool:
-    """Whether every row's logsumexp is finite: a nan or infinity in q or k that
-    reached a score of torch's kernel (a nan at a masked key included, as the kernel
-    adds -inf to it) makes its row's logsumexp nan or infinite. A sum that
-    overflows only sends the call to the tile loops, which is always correct."""
+    """Whether every row's logsumexp is finite: a nan or +inf score in torch's kernel
+    (from a nan or infinity in q or k, at a masked key too: the kernel adds -inf to
+    it) makes its row's logsumexp nan or infinite. A -inf score drops its key, as
+    a masked key, in the kernel and in the tile loops alike. A sum that overflows
+    only sends the call to the tile loops, which is always correct."""
     return math.isfinite(lse.sum())
 
 
@@ -75,9 +76,8 @@ def _finite(lse: Tensor) -> bool:
 # with them, a small model's compiled training step with a padding mask took 3 to
 # 4 % longer (benchmarks/README.md). The derivative is the autograd Function below,
 # which torch.compile traces around them, as in flash-attn's interface; the
-# operators themselves refuse a call autograd would record (_refuse_recorded), and
-# autograd passes through them in C++ (a fallthrough: a refusing autograd kernel
-# written in Python cost the same step another 1 %).
+# operators' own autograd kernel (_no_derivative) only refuses a call autograd
+# would record and passes the rest on.
 _LIB = torch.library.Library("softmaxbook", "FRAGMENT")
 _PLAN_SCHEMA = (
     "Tensor? mask, Tensor? sinks, str causal, float scale, SymInt groups, "
@@ -114,7 +114,6 @@ def _forward_op(
     same path). Where the caller computed them: ``keeps``, whether every row of
     ``mask`` keeps a key (``rows_keep_a_key``), and ``kernel_mask``, the float mask
     that kernel adds (from a boolean ``mask``)."""
-    _refuse_recorded("flash_attention", q, k, v, sinks)
     traced = Plan(causal, scale, groups, block_q, block_k, path)
     # A path chosen while torch.compile traced could not read the values: torch's
     # kernel takes a masked call only where every row keeps a key (read here: the
@@ -122,7 +121,9 @@ def _forward_op(
     # kernel's logsumexp), as an eager call checks first; else the tile loops.
     check = mask is not None and path == "torch-fused"
     plan = traced
-    if check and not bool(rows_keep_a_key(mask) if keeps is None else keeps):
+    if check and keeps is None and mask is not None:
+        keeps = rows_keep_a_key(mask)  # a direct call: read here
+    if check and not bool(keeps):
         plan = traced._replace(path="tiles")
     out, lse = forward(
         q, k, v, _mask_read(plan, traced, mask, kernel_mask), sinks, plan
@@ -195,7 +196,6 @@ def _backward_op(
     empty without sinks). ``fused``: the forward pass's answer, whether torch's
     kernel computed it (else the eager rule is read, see ``_when_run``);
     ``kernel_mask`` as in the forward pass."""
-    _refuse_recorded("flash_attention_backward", grad_out, grad_lse, q, k, v, sinks)
     traced = Plan(causal, scale, groups, block_q, block_k, path)
     plan = _when_run(traced, q, k, mask, fused)
     mask = _mask_read(plan, traced, mask, kernel_mask)
@@ -233,17 +233,27 @@ def _backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
-def _refuse_recorded(name: str, *tensors: Tensor | None) -> None:
-    """Refuse a call that autograd would record: the operators' derivative is the
-    Function around them, which torch.compile traces (autograd passes straight
-    through them: without this, a direct call, or ``torch.func.grad`` of a compiled
-    one, would get no gradient or zeros)."""
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
-        raise RuntimeError(
-            f"torch.ops.softmaxbook.{name} has no derivative of its own: "
-            "differentiate softmaxbook.flash_attention instead (eager, or "
-            "compiled outside torch.func transforms)"
-        )
+def _no_derivative(name: str) -> Any:
+    """The operator's autograd kernel: refuses a call that autograd would record
+    (its derivative is the Function around it, which torch.compile traces; the
+    autograd fallback would only warn, and ``torch.func.grad`` of a direct call
+    would get zeros), and passes every other call on. It runs in Python at every
+    call of a compiled graph, about 1 % of a small model's step; a fallthrough
+    would cost nothing, but torch.func transforms unwrap the tensors before a
+    kernel below autograd could see what they record."""
+    op = getattr(torch.ops.softmaxbook, name).default
+    below = torch._C._after_autograd_keyset
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            raise RuntimeError(
+                f"torch.ops.softmaxbook.{name} has no derivative of its own: "
+                "differentiate softmaxbook.flash_attention instead (eager, or "
+                "compiled outside torch.func transforms)"
+            )
+        return op.redispatch(keyset & below, *args)
+
+    return kernel
 
 
 for _name, _impl, _fake in (
@@ -251,12 +261,10 @@ for _name, _impl, _fake in (
     ("flash_attention_backward", _backward_op, _backward_fake),
 ):
     _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
-    # Autograd passes through to the kernel (in C++, at no cost), which refuses a
-    # call autograd would record (_refuse_recorded).
-    _LIB.impl(_name, torch.library.fallthrough_kernel, "Autograd")
+    _LIB.impl(_name, _no_derivative(_name), "Autograd", with_keyset=True)
     torch.library.register_fake(f"softmaxbook::{_name}", _fake, lib=_LIB)
 
-#: ``torch.ops.softmaxbook.flash_attention``: ``(out, lse)``.
+#: ``torch.ops.softmaxbook.flash_attention``: ``(out, lse, fused)``.
 flash_attention_op = torch.ops.softmaxbook.flash_attention.default
 #: ``torch.ops.softmaxbook.flash_attention_backward``: ``(dq, dk, dv, d_sinks)``.
 flash_attention_backward_op = torch.ops.softmaxbook.flash_attention_backward.default
@@ -318,11 +326,11 @@ def run(
         # Whether every row keeps a key reads the mask: computed in the graph,
         # beside its other kernels (an eager reduction in the operator would cost
         # more than the kernel's call), once for all the layers given the mask, on
-        # the float mask (inductor's any() over a boolean row took ten times as
-        # long as this max). The operator gets the boolean mask too: where it leaves
-        # torch's kernel when it runs (a row with nothing to attend, a non-finite q
-        # or k), the tile loops must remove a masked key (a nan there stays out),
-        # not add -inf to it.
+        # the float mask (compiled beside the mask's conversion, inductor's any()
+        # over (8, 1, 256, 256) booleans added 1.0 ms, this max 0.06 ms). The
+        # operator gets the boolean mask too: where it leaves torch's kernel when it
+        # runs (a row with nothing to attend, a non-finite q or k), the tile loops
+        # must remove a masked key (a nan there stays out), not add -inf to it.
         keeps = None
         if fused_mask is not None:
             keeps = rows_keep_a_key(fused_mask if kernel_mask is None else kernel_mask)
@@ -337,10 +345,12 @@ def run(
 
 def _refuse_transform() -> None:
     """Refuse, while torch.compile traces, every ``torch.func`` transform but one
-    ``vmap``: autograd passes through the operators (``_refuse_recorded``), so
-    under ``grad``, ``jacrev`` or ``jvp`` a compiled call would get no derivative
-    and give zeros or wrong ones. Without ``fullgraph`` torch.compile runs the
-    call eagerly instead, where the autograd Function supports the transforms."""
+    ``vmap`` (the operators carry no derivative of their own, and under a transform
+    torch.compile would trace them without the Function around them): a
+    clear error while tracing, where ``grad``, ``jacrev`` and nested transforms
+    would otherwise fail when the graph runs. Without ``fullgraph`` torch.compile
+    runs the call eagerly instead, where the autograd Function supports ``grad``
+    and ``vmap``."""
     if not functorch_active():
         return
     top = retrieve_current_functorch_interpreter()

@@ -482,7 +482,9 @@ def test_a_nan_reaching_torchs_kernel_sends_the_call_to_the_tile_loops(where):
     """A nan in q, or in k at a key the mask removes, reaches a score of torch's
     kernel (which adds -inf to a masked score): the operator reads it from the
     kernel's logsumexp and takes the tile loops, as an eager call does, and so does
-    the backward operator; the results are the eager call's."""
+    the backward operator; the results are the eager call's (here, with a boolean
+    mask and scores that do not overflow; for a float mask holding nan or +inf, or
+    scores that overflow, the two may place the nans of a nan result differently)."""
     from softmaxbook.attention.flash import _operator as _op
 
     g = torch.Generator().manual_seed(1)
@@ -491,7 +493,7 @@ def test_a_nan_reaching_torchs_kernel_sends_the_call_to_the_tile_loops(where):
     if where == "q":
         q[1, 2, 4, 0] = float("nan")
     else:
-        k[0, 1, 5, 2] = float("nan")  # key 5: kept only by the last row
+        k[0, 1, 5, 2] = float("nan")  # key 5: masked in every row
         keep[0, :, 5, 5] = False
     plan = ("", 0.5, 1, 4, 4, "torch-fused")
     out, lse, fused = _op.flash_attention_op(q, k, v, keep, None, *plan)
@@ -635,6 +637,36 @@ def test_a_compiled_torch_func_derivative_is_refused_not_zero(transform):
     got = torch.compile(f, backend="aot_eager")(q)
     torch.testing.assert_close(got, f(q))
     assert got.abs().sum() > 0
+
+
+def test_a_gradient_through_a_compiled_vmap_is_refused_not_wrong():
+    """A compiled vmap whose inputs need gradients would trace the operator without
+    the Function around it: it raises, where a silent pass-through would lose the
+    attention's gradient."""
+    q, k, v = _qkv(6, 9)
+    lin = torch.nn.Linear(q.shape[-1], q.shape[-1])
+
+    def loss(x: Tensor) -> Tensor:
+        attend = torch.func.vmap(lambda y: sb.flash_attention(y, k[0], v[0]))
+        return attend(lin(x)).pow(2).sum()
+
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="no derivative of its own"):
+        torch.compile(loss, backend="aot_eager")(q).backward()
+
+
+def test_torch_func_grad_of_a_direct_operator_call_is_refused():
+    """``torch.func.grad`` of the operator called directly raises (the tensors the
+    transform tracks reach its autograd kernel), rather than giving zeros."""
+    from softmaxbook.attention.flash import _operator as _op
+
+    q, k, v = _qkv(4, 5)
+    plan = ("", 0.5, 1, 4, 4, "tiles")
+    grad = torch.func.grad(
+        lambda q: _op.flash_attention_op(q, k, v, None, None, *plan)[0].sum()
+    )
+    with pytest.raises(RuntimeError, match="no derivative of its own"):
+        grad(q)
 
 
 def test_a_compiled_vmap_of_a_call_matches_eager():
