@@ -621,9 +621,9 @@ def _transforms(k: Tensor, v: Tensor, keep: Tensor) -> dict:
     "transform", ["grad", "jacrev", "grad of vmap", "vmap of grad"]
 )
 def test_a_compiled_torch_func_derivative_is_refused_not_zero(transform):
-    """Autograd passes through the operators: under a torch.func derivative, a
-    compiled call would get zero or wrong gradients. With ``fullgraph=True`` it is
-    refused while torch.compile traces; without, torch.compile runs it eagerly,
+    """Under a torch.func derivative, torch.compile would trace the operators
+    without the Function that is their derivative. With ``fullgraph=True`` the call
+    is refused while torch.compile traces; without, torch.compile runs it eagerly,
     where the autograd Function gives the transform's true result."""
     q, k, v = _qkv(6, 9)
     keep = torch.ones(2, 1, 6, 9, dtype=torch.bool).tril()
