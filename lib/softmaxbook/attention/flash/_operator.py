@@ -121,10 +121,11 @@ def _forward_op(
     # kernel's logsumexp), as an eager call checks first; else the tile loops.
     check = mask is not None and path == "torch-fused"
     plan = traced
-    if check and keeps is None and mask is not None:
-        keeps = rows_keep_a_key(mask)  # a direct call: read here
-    if check and not bool(keeps):
-        plan = traced._replace(path="tiles")
+    if mask is not None and check:
+        if keeps is None:
+            keeps = rows_keep_a_key(mask)  # a direct call: read here
+        if not bool(keeps):
+            plan = traced._replace(path="tiles")
     out, lse = forward(
         q, k, v, _mask_read(plan, traced, mask, kernel_mask), sinks, plan
     )
